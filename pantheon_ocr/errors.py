@@ -1,0 +1,54 @@
+"""Exit codes and typed errors: the library raises these, the CLI maps them to exit codes."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    PAGES_FAILED = 1  # some pages failed, the others were written
+    BAD_ARGUMENTS = 2
+    BAD_MODEL = 3  # bad or unsupported model file
+    INPUT_UNREADABLE = 4  # input not found or unreadable
+    INTERRUPTED = 130
+
+
+class PantheonError(Exception):
+    """Base class: every error the library raises on purpose carries its exit code."""
+
+    exit_code: ExitCode = ExitCode.BAD_ARGUMENTS
+
+
+class UsageError(PantheonError):
+    exit_code = ExitCode.BAD_ARGUMENTS
+
+
+class ModelError(PantheonError):
+    """A model file is missing, corrupt, inconsistent or unsupported."""
+
+    exit_code = ExitCode.BAD_MODEL
+
+    def __init__(self, path: object, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class InputError(PantheonError):
+    """An input document or image cannot be read."""
+
+    exit_code = ExitCode.INPUT_UNREADABLE
+
+    def __init__(self, path: object, problem: str, page: int | None = None):
+        self.path = str(path)
+        self.page = page
+        self.problem = problem
+        where = self.path if page is None else f"{self.path} page {page}"
+        super().__init__(f"{where}: {problem}")
+
+
+class JobError(PantheonError):
+    """An archive job cannot run (bad job file, locked by another run, ...)."""
+
+    exit_code = ExitCode.BAD_ARGUMENTS

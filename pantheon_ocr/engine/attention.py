@@ -1,0 +1,195 @@
+"""Attention: naive reference, blocked ("flash") prefill, one-token decode, and the KV cache.
+
+Layouts: q [Hq, Tq, D], k/v [Hkv, Tk, D]; query head h reads KV head h // (Hq // Hkv).
+Positions are explicit (q_pos [Tq], k_pos [Tk], ascending) so one kernel covers causal prefill
+after a cached prefix, the sliding window (key visible when q_pos - k_pos < window) and
+non-causal vision attention.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+Q_BLOCK, KV_BLOCK = 32, 256
+_pool: ThreadPoolExecutor | None = None
+
+
+def _visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int) -> np.ndarray | None:
+    """Boolean mask [Tq, Tk] of visible keys, or None when every key is visible."""
+    mask = None
+    if causal:
+        mask = k_pos[None, :] <= q_pos[:, None]
+    if window:
+        near = (q_pos[:, None] - k_pos[None, :]) < window
+        mask = near if mask is None else mask & near
+    return mask
+
+
+def naive_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=0) -> np.ndarray:
+    """Reference: the full score matrix at once (tests and tiny shapes only)."""
+    hq, hkv = q.shape[0], k.shape[0]
+    kk = np.repeat(k, hq // hkv, axis=0)
+    vv = np.repeat(v, hq // hkv, axis=0)
+    s = (q @ kk.transpose(0, 2, 1)) * np.float32(scale)  # [Hq, Tq, Tk]
+    mask = _visible(np.asarray(q_pos), np.asarray(k_pos), causal, window)
+    if mask is not None:
+        s = np.where(mask[None], s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ vv).astype(np.float32)
+
+
+def flash_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=0,
+                    q_block=Q_BLOCK, kv_block=KV_BLOCK, threads: int | None = None) -> np.ndarray:
+    """Blocked attention with an online softmax in float32; never holds more than one
+    [group*q_block, kv_block] score tile per KV head. Heads are split across threads."""
+    hq, tq, d = q.shape
+    hkv = k.shape[0]
+    q_pos = np.asarray(q_pos, dtype=np.int64)
+    k_pos = np.asarray(k_pos, dtype=np.int64)
+    out = np.empty_like(q, dtype=np.float32)
+    n_threads = max(1, min(threads or os.cpu_count() or 1, hkv))
+
+    def run(h0: int, h1: int) -> None:
+        g = hq // hkv
+        qh = q[h0 * g : h1 * g].reshape(h1 - h0, g, tq, d)  # [h, g, Tq, D]
+        for qs in range(0, tq, q_block):
+            qe = min(qs + q_block, tq)
+            nb = qe - qs
+            qb = qh[:, :, qs:qe].reshape(h1 - h0, g * nb, d) * np.float32(scale)  # [h, g*nb, D]
+            m = np.full((h1 - h0, g * nb, 1), -np.inf, dtype=np.float32)
+            l = np.zeros((h1 - h0, g * nb, 1), dtype=np.float32)
+            acc = np.zeros((h1 - h0, g * nb, d), dtype=np.float32)
+            qp = np.tile(q_pos[qs:qe], g)
+            for ks in range(0, k.shape[1], kv_block):
+                ke = min(ks + kv_block, k.shape[1])
+                if causal and k_pos[ks] > q_pos[qe - 1]:
+                    break  # keys ascend: every later block is in the future
+                if window and q_pos[qs] - k_pos[ke - 1] >= window:
+                    continue  # the whole block slid out of every query's window
+                s = qb @ k[h0:h1, ks:ke].transpose(0, 2, 1)  # [h, g*nb, kb]
+                mask = _visible(qp, k_pos[ks:ke], causal, window)
+                if mask is not None and not mask.all():
+                    s = np.where(mask[None], s, -np.inf)
+                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+                # A row with no visible key yet keeps m = -inf; shift by 0 there to avoid NaN.
+                shift = np.where(np.isfinite(m_new), m_new, 0).astype(np.float32)
+                p = np.exp(s - shift)
+                corr = np.exp(m - shift)
+                l = l * corr + p.sum(axis=-1, keepdims=True)
+                acc = acc * corr + p @ v[h0:h1, ks:ke]
+                m = m_new
+            res = (acc / l).reshape(h1 - h0, g, nb, d)
+            out[h0 * g : h1 * g, qs:qe] = res.reshape((h1 - h0) * g, nb, d)
+
+    if n_threads == 1:
+        run(0, hkv)
+    else:
+        bounds = np.linspace(0, hkv, n_threads + 1).astype(int)
+        list(_executor().map(lambda i: run(bounds[i], bounds[i + 1]), range(n_threads)))
+    return out
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="attn")
+    return _pool
+
+
+def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float) -> np.ndarray:
+    """One query per head against every cached key: q [Hq, D], k/v [Hkv, L, D] -> [Hq, D]."""
+    hq, d = q.shape
+    hkv = k.shape[0]
+    qg = q.reshape(hkv, hq // hkv, d) * np.float32(scale)  # [Hkv, g, D]
+    s = qg @ k.transpose(0, 2, 1)  # [Hkv, g, L]
+    s -= s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ v).reshape(hq, d)
+
+
+class KVCache:
+    """Per-layer K/V for one sequence, [Hkv, slots, D]. Grows on demand up to `max_seq`.
+
+    With `ring` (sliding window), max_seq = the window: position p lives in slot p % max_seq and
+    a query at p reads min(p + 1, max_seq) slots.
+    """
+
+    def __init__(self, n_layer: int, n_kv: int, head_dim: int, max_seq: int, ring: bool):
+        self.n_kv, self.head_dim, self.max_seq, self.ring = n_kv, head_dim, max_seq, ring
+        cap = min(max_seq, 256)
+        self.k = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
+        self.v = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
+
+    def _reserve(self, layer: int, n: int) -> None:
+        cap = self.k[layer].shape[1]
+        if n <= cap:
+            return
+        new = min(self.max_seq, max(n, 2 * cap))
+        for buf in (self.k, self.v):
+            grown = np.zeros((self.n_kv, new, self.head_dim), np.float32)
+            grown[:, :cap] = buf[layer]
+            buf[layer] = grown
+
+    def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
+        t = k.shape[1]
+        if not self.ring and pos0 + t > self.max_seq:
+            raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
+        if self.ring:
+            keep = min(t, self.max_seq)
+            self._reserve(layer, min(pos0 + t, self.max_seq))
+            slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
+            self.k[layer][:, slots] = k[:, t - keep :]
+            self.v[layer][:, slots] = v[:, t - keep :]
+        else:
+            self._reserve(layer, pos0 + t)
+            self.k[layer][:, pos0 : pos0 + t] = k
+            self.v[layer][:, pos0 : pos0 + t] = v
+
+    def read(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Keys/values of the positions before n_pos that are still held, with their positions,
+        in ascending position order: (k [Hkv, L, D], v, positions [L])."""
+        if self.ring and n_pos > self.max_seq:
+            first = n_pos - self.max_seq
+            pos = np.arange(first, n_pos)
+            slots = pos % self.max_seq
+            return self.k[layer][:, slots], self.v[layer][:, slots], pos
+        return self.k[layer][:, :n_pos], self.v[layer][:, :n_pos], np.arange(n_pos)
+
+    def slots(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """All held keys/values in slot order (decode: order does not matter to softmax)."""
+        n = min(n_pos, self.max_seq)
+        return self.k[layer][:, :n], self.v[layer][:, :n]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+def cached_attention(cache: KVCache, layer: int, pos0: int, q, k, v, *, scale: float,
+                     window: int = 0, flash: bool = True) -> np.ndarray:
+    """Attention of a chunk (q [Hq,T,D], new k/v [Hkv,T,D] at positions pos0..) over the cache
+    plus itself; writes the new k/v into the cache. Returns [Hq, T, D]."""
+    t = q.shape[1]
+    if t == 1:
+        cache.write(layer, pos0, k, v)
+        kk, vv = cache.slots(layer, pos0 + 1)
+        return decode_attention(q[:, 0], kk, vv, scale=scale)[:, None]
+    if cache.ring and pos0 + t > cache.max_seq:
+        # The chunk would overwrite keys its own early queries still need: attend over the
+        # held prefix + the chunk with the window mask, then store.
+        pk, pv, ppos = cache.read(layer, pos0)
+        kk, vv = np.concatenate([pk, k], axis=1), np.concatenate([pv, v], axis=1)
+        kpos = np.concatenate([ppos, np.arange(pos0, pos0 + t)])
+        cache.write(layer, pos0, k, v)
+    else:
+        cache.write(layer, pos0, k, v)
+        kk, vv, kpos = cache.read(layer, pos0 + t)
+    qpos = np.arange(pos0, pos0 + t)
+    fn = flash_attention if flash else naive_attention
+    return fn(q, kk, vv, qpos, kpos, scale=scale, causal=True, window=window)

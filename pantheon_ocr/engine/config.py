@@ -1,0 +1,109 @@
+"""GGUF metadata -> a frozen decoder config. One function builds it; every check names key and file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ModelError
+from .gguf import GGUFFile, meta
+
+# general.architecture values the engine runs; mistral and mixtral files say "llama".
+DECODER_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int  # rotary dims (< head_dim for Phi-3's partial rotary)
+    rope_base: float
+    rope_neox: bool  # split-half pairs; False = adjacent pairs (llama.cpp's permuted llama Q/K)
+    rope_linear_scale: float  # positions are divided by this (rope.scaling.type = linear)
+    eps: float
+    n_vocab: int
+    n_ctx: int
+    sliding_window: int  # 0 = full causal attention
+    n_expert: int  # 0 = dense FFN
+    n_expert_used: int
+    qkv_bias: bool
+    qk_norm: bool
+    tied_embeddings: bool
+
+    @property
+    def max_seq(self) -> int:
+        """KV slots one sequence needs: the window for a ring buffer, else the context."""
+        return min(self.sliding_window, self.n_ctx) if self.sliding_window else self.n_ctx
+
+
+def decoder_config(gf: GGUFFile) -> DecoderConfig:
+    arch = meta(gf, "general.architecture", str)
+    if arch not in DECODER_ARCHS:
+        raise ModelError(gf.path, f"unsupported architecture {arch!r} (supported: {', '.join(DECODER_ARCHS)})")
+
+    def key(name, kind, default=...):
+        return meta(gf, f"{arch}.{name}", kind) if default is ... else meta(gf, f"{arch}.{name}", kind, default)
+
+    n_embd = key("embedding_length", int)
+    n_head = key("attention.head_count", int)
+    n_head_kv = key("attention.head_count_kv", int, n_head)
+    head_dim = key("attention.key_length", int, n_embd // n_head if n_head else 0)
+    n_rot = key("rope.dimension_count", int, head_dim)
+    n_expert = key("expert_count", int, 0)
+    tokens = gf.metadata.get("tokenizer.ggml.tokens")
+    embd = gf.tensors.get("token_embd.weight")
+    if embd is None:
+        raise ModelError(gf.path, "missing tensor 'token_embd.weight'")
+    n_vocab = len(tokens) if tokens is not None else key("vocab_size", int, embd.shape[0])
+
+    scaling = key("rope.scaling.type", str, "none")
+    if scaling not in ("none", "linear"):
+        raise ModelError(gf.path, f"unsupported rope scaling {scaling!r} in key '{arch}.rope.scaling.type'")
+    cfg = DecoderConfig(
+        arch=arch,
+        n_layer=key("block_count", int),
+        n_embd=n_embd,
+        n_ff=key("feed_forward_length", int),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_rot=n_rot,
+        rope_base=key("rope.freq_base", float, 10000.0),
+        rope_neox=arch != "llama",
+        rope_linear_scale=key("rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
+        eps=key("attention.layer_norm_rms_epsilon", float),
+        n_vocab=n_vocab,
+        n_ctx=key("context_length", int),
+        # Phi-3 files carry a window llama.cpp ignores; only llama-arch files opt in (ours).
+        sliding_window=key("attention.sliding_window", int, 0) if arch == "llama" else 0,
+        n_expert=n_expert,
+        n_expert_used=key("expert_used_count", int) if n_expert else 0,
+        qkv_bias="blk.0.attn_q.bias" in gf.tensors or "blk.0.attn_qkv.bias" in gf.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in gf.tensors,
+        tied_embeddings="output.weight" not in gf.tensors,
+    )
+    _check(gf, cfg)
+    return cfg
+
+
+def _check(gf: GGUFFile, c: DecoderConfig) -> None:
+    a = c.arch
+    problems = [
+        (c.n_head <= 0 or c.n_head_kv <= 0, f"'{a}.attention.head_count' and head_count_kv must be positive"),
+        (c.n_head_kv and c.n_head % c.n_head_kv, f"'{a}.attention.head_count' ({c.n_head}) is not a multiple of "
+                                                 f"'{a}.attention.head_count_kv' ({c.n_head_kv})"),
+        (c.n_rot > c.head_dim or c.n_rot % 2, f"'{a}.rope.dimension_count' ({c.n_rot}) must be even and <= head dim {c.head_dim}"),
+        (c.n_expert and not 0 < c.n_expert_used <= c.n_expert,
+         f"'{a}.expert_used_count' ({c.n_expert_used}) must be in 1..'{a}.expert_count' ({c.n_expert})"),
+        (gf.tensors["token_embd.weight"].shape != (c.n_vocab, c.n_embd),
+         f"tensor 'token_embd.weight' has shape {list(gf.tensors['token_embd.weight'].shape)}, expected "
+         f"[{c.n_vocab}, {c.n_embd}] from the vocabulary and '{a}.embedding_length'"),
+        (c.n_layer <= 0, f"'{a}.block_count' must be positive"),
+    ]
+    for bad, text in problems:
+        if bad:
+            raise ModelError(gf.path, text)

@@ -1,0 +1,124 @@
+"""The one weight type: every projection is `W.matmul(x)`, whatever the storage.
+
+Storage modes:
+- "quantized": blocks stay in the memory map; `matmul` dequantizes panels of rows and multiplies
+  each panel against all M activation rows (least memory; each weight read once per call).
+- "f32": dequantized once at load into resident float32 (fastest with BLAS).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from ..errors import ModelError
+from .gguf import GGUFFile
+
+Storage = Literal["quantized", "f32"]
+STORAGE_MODES = ("quantized", "f32")
+SUPPORTED_TYPES = frozenset(
+    {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+)
+PANEL_BYTES = 4 << 20  # float32 bytes of one dequantized panel: big enough for BLAS, small for cache
+
+
+def dequantize(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    """Raw bytes [..., row_bytes] -> float32 [..., row_elems]."""
+    if qtype == Q.F32:
+        return raw.view(np.float32)
+    if qtype == Q.F16:
+        return raw.view(np.float16).astype(np.float32)
+    if qtype == Q.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return quants.dequantize(raw, qtype).astype(np.float32, copy=False)
+
+
+class Weight:
+    """A matrix [out, in] stored quantized (raw bytes) or as resident float32."""
+
+    __slots__ = ("name", "qtype", "shape", "storage", "_data", "_panel_rows")
+
+    def __init__(self, name: str, qtype: Q, shape: tuple[int, int], raw: np.ndarray, storage: Storage):
+        self.name, self.qtype, self.shape, self.storage = name, qtype, shape, storage
+        if storage == "f32" or qtype == Q.F32:
+            # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
+            self._data = np.ascontiguousarray(dequantize(raw, qtype).reshape(shape))
+        else:
+            self._data = raw  # [out, row_bytes] view into the memory map
+        self._panel_rows = max(16, PANEL_BYTES // (4 * shape[1]))
+
+    @property
+    def resident(self) -> bool:
+        return self._data.dtype == np.float32
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x [M, in] float32 -> x @ W.T [M, out] float32."""
+        if self.resident:
+            return x @ self._data.T
+        out = np.empty((x.shape[0], self.shape[0]), dtype=np.float32)
+        step = self._panel_rows
+        for r in range(0, self.shape[0], step):
+            panel = dequantize(self._data[r : r + step], self.qtype)  # [rows, in]
+            np.matmul(x, panel.T, out=out[:, r : r + step])
+        return out
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Rows W[ids] as float32 [len(ids), in] (embedding lookup; only those rows decoded)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.resident:
+            return self._data[ids]
+        return dequantize(self._data[ids], self.qtype)
+
+    def dense(self) -> np.ndarray:
+        """The whole matrix as float32 [out, in]."""
+        return self._data if self.resident else dequantize(self._data, self.qtype)
+
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+    def __repr__(self) -> str:
+        return f"Weight({self.name!r}, {self.qtype.name}, {self.shape}, {self.storage})"
+
+
+class WeightLoader:
+    """Looks tensors up by their GGUF name and checks type and shape before wrapping them."""
+
+    def __init__(self, gf: GGUFFile, storage: Storage):
+        if storage not in STORAGE_MODES:
+            raise ValueError(f"storage must be one of {STORAGE_MODES}, not {storage!r}")
+        self.gf, self.storage = gf, storage
+
+    def has(self, name: str) -> bool:
+        return name in self.gf.tensors
+
+    def _info(self, name: str, shape: tuple[int, ...]):
+        info = self.gf.tensors.get(name)
+        if info is None:
+            raise ModelError(self.gf.path, f"missing tensor {name!r}")
+        if info.shape != tuple(shape):
+            raise ModelError(self.gf.path, f"tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
+        if info.qtype not in SUPPORTED_TYPES:
+            raise ModelError(self.gf.path, f"tensor {name!r} has unsupported type {info.qtype.name}")
+        return info
+
+    def matrix(self, name: str, shape: tuple[int, int]) -> Weight:
+        self._info(name, shape)
+        return Weight(name, self.gf.tensors[name].qtype, shape, self.gf.raw(name), self.storage)
+
+    def experts(self, name: str, shape: tuple[int, int, int]) -> list[Weight]:
+        """A merged 3-D expert tensor [E, out, in] as E per-expert views (no copies when quantized)."""
+        info = self._info(name, shape)
+        raw = self.gf.raw(name)  # [E, out, row_bytes]
+        return [Weight(f"{name}[{e}]", info.qtype, shape[1:], raw[e], self.storage) for e in range(shape[0])]
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A small tensor (norms, biases, router, conv kernels) always as resident float32."""
+        info = self._info(name, shape)
+        raw = self.gf.raw(name)
+        return np.ascontiguousarray(dequantize(raw, info.qtype).reshape(shape))
+
+    def optional_tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        return self.tensor(name, shape) if self.has(name) else None

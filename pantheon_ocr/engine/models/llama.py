@@ -112,18 +112,31 @@ class Decoder:
 
     def hidden(self, state: DecoderState, x: np.ndarray) -> np.ndarray:
         """Run every layer over x [T, n_embd] at positions state.pos.. and advance state.pos."""
-        c = self.cfg
-        pos = np.arange(state.pos, state.pos + x.shape[0])
-        cos, sin = rope_angles(pos / c.rope_linear_scale, self.freqs)  # [T, n_rot/2]
-        for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, state, x, cos, sin)
+        c, pos0 = self.cfg, state.pos
+
+        def attend(i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            a = cached_attention(
+                state.cache, i, pos0, q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2),
+                scale=c.head_dim ** -0.5, window=c.sliding_window, flash=self.flash,
+            )  # [Hq, T, D]
+            return a.transpose(1, 0, 2)  # [T, Hq, D]
+
+        x = self.run_layers(x, np.arange(pos0, pos0 + x.shape[0]), attend)
         state.pos += x.shape[0]
+        return x
+
+    def run_layers(self, x: np.ndarray, positions: np.ndarray, attend) -> np.ndarray:
+        """x [T, n_embd] through every layer; row t sits at positions[t]. `attend(i, q, k, v)`
+        (q [T, Hq, D], k/v [T, Hkv, D], roped) owns the KV caches and returns [T, Hq, D]."""
+        cos, sin = rope_angles(positions / self.cfg.rope_linear_scale, self.freqs)  # [T, n_rot/2]
+        for i, layer in enumerate(self.layers):
+            x = self._layer(i, layer, x, cos, sin, attend)
         return x
 
     def logits_of(self, x: np.ndarray) -> np.ndarray:
         return self.output.matmul(rmsnorm(x, self.output_norm, self.cfg.eps))
 
-    def _layer(self, i, layer, state, x, cos, sin) -> np.ndarray:
+    def _layer(self, i, layer, x, cos, sin, attend) -> np.ndarray:
         c = self.cfg
         t = x.shape[0]
         h = rmsnorm(x, layer.attn_norm, c.eps)
@@ -136,11 +149,7 @@ class Decoder:
             k = rmsnorm(k, layer.k_norm, c.eps)
         q = apply_rope(q, cos, sin, c.rope_neox)
         k = apply_rope(k, cos, sin, c.rope_neox)
-        a = cached_attention(
-            state.cache, i, state.pos, q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2),
-            scale=c.head_dim ** -0.5, window=c.sliding_window, flash=self.flash,
-        )  # [Hq, T, D]
-        a = a.transpose(1, 0, 2).reshape(t, c.n_head * c.head_dim)  # [T, Hq*D]
+        a = attend(i, q, k, v).reshape(t, c.n_head * c.head_dim)  # [T, Hq*D]
         x = x + _bias(layer.wo.matmul(a), layer.bo)
         h = rmsnorm(x, layer.ffn_norm, c.eps)
         return x + self._ffn(layer, h)

@@ -1,0 +1,105 @@
+"""Batched decode: every greedy stream equals its sequential run, sequences joining late."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pantheon_ocr.engine import load_model
+from pantheon_ocr.engine.batch import BatchUnsupported, batch_logits, forward_batch
+
+from .conftest import LIGHTONOCR_TEXT, smollm2_or_skip
+
+
+def sequential(decoder, prompt, n):
+    st = decoder.new_state(len(prompt) + n)
+    logits = decoder.forward(st, prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits[-1])))
+        logits = decoder.forward(st, [out[-1]])
+    return out, logits
+
+
+def batched(decoder, prompts, n, joins):
+    """Greedy decode with continuous batching: prompt b joins at step joins[b]."""
+    active, results, step = {}, {b: [] for b in range(len(prompts))}, 0
+    while any(len(r) < n for r in results.values()):
+        for b, j in enumerate(joins):
+            if j == step:
+                st = decoder.new_state(len(prompts[b]) + n)
+                tok = int(np.argmax(decoder.forward(st, prompts[b])[-1]))
+                results[b].append(tok)
+                active[b] = st
+        live = [b for b in active if len(results[b]) < n]
+        if live:
+            logits = forward_batch(decoder, [active[b] for b in live], [results[b][-1] for b in live])
+            for b, row in zip(live, logits):
+                results[b].append(int(np.argmax(row)))
+        step += 1
+    return [results[b][:n] for b in range(len(prompts))]
+
+
+def _prompts(n_vocab, lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n_vocab, size=L).tolist() for L in lengths]
+
+
+@pytest.mark.parametrize("B", [1, 2, 5])
+def test_batched_equals_sequential_lightonocr_text(B):
+    model = load_model(LIGHTONOCR_TEXT, weights="f32")
+    prompts = _prompts(model.config.n_vocab, [7, 19, 3, 30, 11][:B], seed=B)
+    joins = [0, 2, 3, 5, 1][:B]
+    want = [sequential(model.decoder, p, 12)[0] for p in prompts]
+    assert batched(model.decoder, prompts, 12, joins) == want
+
+
+@pytest.mark.parametrize("B", [1, 2, 5])
+def test_batched_equals_sequential_smollm2(B):
+    model = load_model(smollm2_or_skip(), weights="f32")
+    prompts = _prompts(model.config.n_vocab, [9, 4, 17, 6, 12][:B], seed=10 + B)
+    joins = [0, 1, 4, 2, 0][:B]
+    want = [sequential(model.decoder, p, 8)[0] for p in prompts]
+    assert batched(model.decoder, prompts, 8, joins) == want
+
+
+def test_batch_logits_match_sequential_logits():
+    model = load_model(LIGHTONOCR_TEXT, weights="f32")
+    d = model.decoder
+    prompts = _prompts(model.config.n_vocab, [5, 9, 2], seed=3)
+    states = [d.new_state(20) for _ in prompts]
+    for s, p in zip(states, prompts):
+        d.forward(s, p)
+    got = forward_batch(d, states, [1, 2, 3])
+    for p, tok, row in zip(prompts, [1, 2, 3], got):
+        s = d.new_state(20)
+        d.forward(s, p)
+        np.testing.assert_allclose(row, d.forward(s, [tok])[0], atol=1e-4, rtol=0)
+
+
+def test_moe_refuses_without_changing_state(tmp_path):
+    from .tiny_models import make_tiny, write_gguf
+
+    cfg, sd = make_tiny("mixtral")
+    path = tmp_path / "mixtral.gguf"
+    write_gguf(path, "mixtral", cfg, sd)
+    model = load_model(path, weights="f32")
+    d = model.decoder
+    states = [d.new_state(16), d.new_state(16)]
+    d.forward(states[0], [1, 2, 3])
+    d.forward(states[1], [4, 5])
+    before = [(s.pos, [k.copy() for k in s.cache.k]) for s in states]
+    with pytest.raises(BatchUnsupported):
+        forward_batch(d, states, [6, 7])
+    for s, (pos, ks) in zip(states, before):
+        assert s.pos == pos
+        assert all(np.array_equal(a, b) for a, b in zip(s.cache.k, ks))
+    # The fallback gives the per-sequence result.
+    ref = [d.forward(_replay(d, [1, 2, 3]), [6])[0], d.forward(_replay(d, [4, 5]), [7])[0]]
+    np.testing.assert_allclose(batch_logits(d, states, [6, 7]), np.stack(ref), atol=1e-5)
+
+
+def _replay(d, prompt):
+    s = d.new_state(16)
+    d.forward(s, prompt)
+    return s

@@ -42,8 +42,10 @@ def describe(path: str) -> dict:
         config = vision_config(gf)
     else:
         from ..engine.config import decoder_config
+        from ..engine.models import decoder_class
 
         config = decoder_config(gf)
+        decoder_class(arch)(gf, config, "quantized")  # validates every tensor name, shape, type
     types = Counter(t.qtype.name for t in gf.tensors.values())
     n_params = sum(int(np.prod(t.shape)) for t in gf.tensors.values())
     on_disk = sum(t.n_bytes for t in gf.tensors.values())

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     verbose = "-v" in args or "--verbose" in args
     try:
-        cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
-        return 0
+        code = cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except PantheonError as exc:
         if verbose:
             raise

@@ -1,0 +1,80 @@
+"""The real engine behind the pipeline's PageEngine protocol: LightOnOCR pages as sequences,
+prefilled one by one and decoded together (forward_batch), each leaving at EOS, max tokens or
+the repetition guard."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from ..pipeline_types import SamplingOptions
+from .batch import batch_logits
+from .models.lightonocr import LightOnOCR
+from .models.llama import DecoderState
+from .sampling import RepetitionGuard, Sampler, SamplingParams
+
+
+class PageSeq:
+    """One page being decoded: its KV cache state, sampler and generated ids."""
+
+    def __init__(self, engine: "OCREngine", state: DecoderState, sampling: SamplingOptions, n_prompt: int):
+        self.engine, self.state, self.n_prompt = engine, state, n_prompt
+        self.sampler = Sampler(SamplingParams(sampling.temperature, sampling.top_p, sampling.seed))
+        self.max_tokens = sampling.max_tokens
+        self.generated: list[int] = []
+        self.finished = False
+        self.finish_reason: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.generated)
+
+    def accept(self, logits: np.ndarray) -> None:
+        """Choose the next token from logits [n_vocab] and decide whether the page is done."""
+        tok = self.sampler(logits)
+        if tok in self.engine.stop_ids:
+            self.finished, self.finish_reason = True, "eos"
+            return
+        self.generated.append(tok)
+        if len(self.generated) >= self.max_tokens:
+            self.finished, self.finish_reason = True, "max_tokens"
+        elif self.engine.guard.looping(self.generated):
+            self.finished, self.finish_reason = True, "repetition"
+        if self.finished:
+            self.state = None  # free the KV cache as soon as the page leaves the batch
+
+    def text(self) -> str:
+        return self.engine.vlm.decode(self.generated)
+
+
+class OCREngine:
+    """PageEngine over a LightOnOCR model: vision() on the vision thread, prefill() and
+    decode_step() on the CPU thread."""
+
+    def __init__(self, vlm: LightOnOCR, vision_backend=None):
+        self.vlm = vlm
+        self.longest_edge = vlm.longest_edge
+        self.stop_ids = vlm.stop_ids
+        self.guard = RepetitionGuard(vlm.decode)
+        self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
+
+    def vision(self, image: Image.Image) -> np.ndarray:
+        if self.vision_backend is not None:
+            return self.vision_backend.encode(self.vlm.preprocess(image))
+        return self.vlm.encode_image(image)
+
+    def prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
+        n_prompt = len(self.vlm.prompt_ids(features.shape[0]))
+        state = self.vlm.decoder.new_state(max_seq=n_prompt + sampling.max_tokens)
+        state, logits = self.vlm.prefill(features, state=state)
+        seq = PageSeq(self, state, sampling, n_prompt)
+        seq.accept(logits[-1])
+        return seq
+
+    def decode_step(self, seqs: list[PageSeq]) -> None:
+        live = [s for s in seqs if not s.finished]
+        if not live:
+            return
+        logits = batch_logits(self.vlm.decoder, [s.state for s in live], [s.generated[-1] for s in live])
+        for s, row in zip(live, logits):
+            s.accept(row)

@@ -84,11 +84,9 @@ def generate(model_path, prompt, chat, max_tokens, weights, temperature, top_p, 
     tok = model.tokenizer
     text = tok.chat_prompt([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text, add_special=True, parse_special=chat)
-    stream = tok.StreamDecoder() if hasattr(tok, "StreamDecoder") else None
+    stream = tok.stream_decoder(skip_special=True)
     for t in model.stream(ids, max_tokens, temperature, top_p, seed):
         if t in tok.eos_ids:
             break
-        click.echo(stream.push(t) if stream else tok.decode([t]), nl=False)
-    if stream:
-        click.echo(stream.flush(), nl=False)
-    click.echo()
+        click.echo(stream.push(t), nl=False)
+    click.echo(stream.flush())

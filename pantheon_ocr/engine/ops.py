@@ -76,3 +76,21 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> n
         out[..., 0 : 2 * r : 2] = x0 * c - x1 * s
         out[..., 1 : 2 * r : 2] = x0 * s + x1 * c
     return out
+
+
+def rope_angles_2d(rows: np.ndarray, cols: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pixtral's axial 2-D RoPE: cos, sin [N, head_dim/2] for patches at (rows, cols).
+
+    With f_m = base^(-2m/head_dim), m < head_dim/2, the angle vector is
+    [row * f_0, row * f_2, ... (head_dim/4) | col * f_1, col * f_3, ... (head_dim/4)].
+    Use with apply_rope(neox=False) on llama.cpp's permuted vision Q/K (adjacent pairs), or neox=True
+    on Hugging Face's unpermuted weights. Computed in float32 exactly as transformers does.
+    """
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {head_dim}")
+    f = np.float32(1.0) / (np.float32(base) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    ang = np.concatenate([
+        np.asarray(rows, np.float32)[:, None] * f[None, 0::2],  # [N, d/4] row angles
+        np.asarray(cols, np.float32)[:, None] * f[None, 1::2],  # [N, d/4] column angles
+    ], axis=1)  # [N, d/2]
+    return np.cos(ang), np.sin(ang)

@@ -1,0 +1,294 @@
+"""LightOnOCR: the mmproj projector and the composition vision encoder -> Qwen3 decoder.
+
+    image -> preprocess [3, H, W] -> PixtralVision [N, D] -> projector [M, n_embd]
+          -> prompt with M <|image_pad|> ids whose embedding rows are overridden -> decoder.
+
+Hugging Face transformers is the reference (spec/lightonocr.md): projector RMSNorm uses the TEXT
+eps, exact erf GELU, the chat layout has no wrapper tokens around the image and positions are
+plain 0..T-1.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ...errors import ModelError
+from ..gguf import GGUFFile, meta, open_gguf
+from ..attention import flash_attention
+from ..ops import gelu_erf, rmsnorm
+from ..preprocess import ImageSource, preprocess
+from ..weights import Storage, WeightLoader
+from .pixtral import PixtralVision, VisionConfig, vision_config
+
+IMAGE_TOKEN = "<|image_pad|>"
+# The prompt, as vocabulary pieces (byte-level BPE spelling: "Ċ" is "\n"); None marks the image run.
+# Renders `<|im_start|>system<|im_end|>\n<|im_start|>user\n{image}<|im_end|>\n<|im_start|>assistant\n`.
+PROMPT_PIECES = ("<|im_start|>", "system", "<|im_end|>", "Ċ", "<|im_start|>", "user", "Ċ", None,
+                 "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ")
+STOP_PIECES = ("<|im_end|>", "<|endoftext|>")
+
+
+def merge_patches(x: np.ndarray, h: int, w: int, s: int) -> np.ndarray:
+    """Patch features [h*w, D] (row-major grid) -> [(h//s)*(w//s), D*s*s]: each s x s block,
+    row-major over blocks, becomes one vector with index channel*s*s + dy*s + dx (torch unfold
+    order). An incomplete last row/column of patches is dropped."""
+    d = x.shape[1]
+    hs, ws = h // s, w // s
+    g = x.reshape(h, w, d)[: hs * s, : ws * s]  # [hs*s, ws*s, D]
+    g = g.reshape(hs, s, ws, s, d)  # [hs, dy, ws, dx, D]
+    g = g.transpose(0, 2, 4, 1, 3)  # [hs, ws, D, dy, dx]
+    return np.ascontiguousarray(g.reshape(hs * ws, d * s * s))  # [M, D*s*s]
+
+
+class Projector:
+    """RMSNorm (text eps) -> s x s patch merger -> mm.patch_merger -> mm.1 (+b) -> erf GELU -> mm.2 (+b)."""
+
+    def __init__(self, w: WeightLoader, cfg: VisionConfig, eps: float):
+        d, s, p = cfg.n_embd, cfg.merge, cfg.projection_dim
+        self.merge, self.eps = s, eps
+        self.norm = w.tensor("mm.input_norm.weight", (d,))
+        self.merger = w.matrix("mm.patch_merger.weight", (d, d * s * s))
+        self.linear_1 = w.matrix("mm.1.weight", (p, d))
+        self.bias_1 = w.optional_tensor("mm.1.bias", (p,))
+        self.linear_2 = w.matrix("mm.2.weight", (p, p))
+        self.bias_2 = w.optional_tensor("mm.2.bias", (p,))
+
+    def forward(self, x: np.ndarray, grid: tuple[int, int], capture: dict | None = None) -> np.ndarray:
+        """Vision features [N, D] on a (h, w) patch grid -> image token embeddings [M, n_embd]."""
+        h, w = grid
+        x = rmsnorm(x, self.norm, self.eps)  # [N, D]
+        _keep(capture, "proj_norm", x)
+        x = merge_patches(x, h, w, self.merge)  # [M, D*s*s]
+        _keep(capture, "merger_in", x)
+        x = self.merger.matmul(x)  # [M, D]
+        _keep(capture, "merger_out", x)
+        x = _bias(self.linear_1.matmul(x), self.bias_1)  # [M, n_embd]
+        _keep(capture, "proj_linear_1", x)
+        x = _bias(self.linear_2.matmul(gelu_erf(x)), self.bias_2)  # [M, n_embd]
+        _keep(capture, "image_features", x)
+        return x
+
+
+class LightOnOCR:
+    """A LightOnOCR text GGUF + mmproj GGUF pair, ready to transcribe page images.
+
+    `.text` is the TextModel (`.decoder`, `.config`, `.tokenizer`); `.vision` the Pixtral tower;
+    `.projector`; `.vision_config`; `.longest_edge` the preprocessing target of the longest side.
+    """
+
+    def __init__(self, model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized"):
+        from .. import TextModel
+
+        self.mmproj: GGUFFile = open_gguf(mmproj_path)
+        self.vision_config = vision_config(self.mmproj)
+        try:
+            self.text = TextModel(model_path, weights)
+        except ModelError:
+            _explain_swapped(model_path)
+            raise
+        c, vc = self.text.config, self.vision_config
+        if vc.projection_dim != c.n_embd:
+            raise ModelError(
+                self.mmproj.path,
+                f"this mmproj does not fit the text model {Path(model_path).name}: its "
+                f"'clip.vision.projection_dim' is {vc.projection_dim} but the text model's "
+                f"'{c.arch}.embedding_length' is {c.n_embd}",
+            )
+        self._vocab: dict[str, int] | None = None
+        self.image_token_id = self._vocab_id(IMAGE_TOKEN)
+        self.vision = PixtralVision(self.mmproj, vc, weights)
+        self.projector = Projector(WeightLoader(self.mmproj, weights), vc, c.eps)
+        self.weights = weights
+
+    # -- parts -------------------------------------------------------------------------------
+    @property
+    def decoder(self):
+        return self.text.decoder
+
+    @property
+    def config(self):
+        return self.text.config
+
+    @property
+    def tokenizer(self):
+        return self.text.tokenizer
+
+    @property
+    def longest_edge(self) -> int:
+        return self.vision_config.longest_edge
+
+    @cached_property
+    def stop_ids(self) -> frozenset[int]:
+        """End-of-generation ids: the tokenizer's (llama.cpp's EOG set: eos, eot, <|im_end|>,
+        <|endoftext|>, ...) plus `<|im_end|>` and `<|endoftext|>` by name."""
+        named = {self._vocab_lookup(p) for p in STOP_PIECES} - {None}
+        return frozenset(self.tokenizer.eos_ids) | frozenset(named)
+
+    # -- vision ------------------------------------------------------------------------------
+    def preprocess(self, image: ImageSource, name: str | None = None) -> np.ndarray:
+        """Image (path, bytes, PIL image, uint8 array) -> float32 pixels [3, H, W]. InputError if bad."""
+        vc = self.vision_config
+        return preprocess(image, longest_edge=vc.longest_edge, patch_size=vc.patch_size, mean=vc.image_mean,
+                          std=vc.image_std, merge=vc.merge, name=name)
+
+    def encode_image(self, image, capture: dict | None = None) -> np.ndarray:
+        """Image or pixels [3, H, W] float -> image token embeddings [M, n_embd] float32."""
+        pixels = image if _is_pixels(image) else self.preprocess(image)
+        _keep(capture, "pixel_values", pixels)
+        x, grid = self.vision.forward(pixels, capture)  # [N, D], (h, w)
+        return self.projector.forward(x, grid, capture)  # [M, n_embd]
+
+    def n_image_tokens(self, height: int, width: int) -> int:
+        """Image tokens for pixels of height x width (already resized)."""
+        s = self.vision_config.patch_size * self.vision_config.merge
+        return (height // s) * (width // s)
+
+    # -- prompt and decoding -----------------------------------------------------------------
+    def prompt_ids(self, n_image_tokens: int) -> list[int]:
+        """`<|im_start|>system<|im_end|>\\n<|im_start|>user\\n` + <|image_pad|> x M +
+        `<|im_end|>\\n<|im_start|>assistant\\n` as token ids."""
+        if n_image_tokens <= 0:
+            raise ValueError(f"an image needs at least one image token, got {n_image_tokens}")
+        ids: list[int] = []
+        for piece in PROMPT_PIECES:
+            if piece is None:
+                ids.extend([self.image_token_id] * n_image_tokens)
+            else:
+                ids.append(self._piece_id(piece))
+        return ids
+
+    def prefill(self, features: np.ndarray, all_logits: bool = False, state=None):
+        """Run the prompt for image features [M, n_embd]; image rows are embedding-row overrides.
+        Returns (state, logits [T or 1, n_vocab])."""
+        ids, rows = self._prompt_and_rows(features)
+        state = state if state is not None else self.decoder.new_state()
+        logits = self.decoder.forward(state, ids, embd_rows=rows, all_logits=all_logits)
+        return state, logits
+
+    def stream(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None, stop: bool = True, *, features: np.ndarray | None = None) -> Iterator[int]:
+        """New token ids for one image (greedy by default); the stop id, if reached, is yielded.
+        `features` [M, n_embd] from encode_image skips the vision stage (image is then ignored)."""
+        from ..generate import generate_tokens
+        from ..sampling import Sampler, SamplingParams
+
+        sampler = Sampler(SamplingParams(temperature, top_p, seed))  # checks the parameters first
+        if features is None:
+            features = self.encode_image(image)
+        ids, rows = self._prompt_and_rows(features)
+        return generate_tokens(self.decoder, ids, max_new_tokens, sampler, self.stop_ids if stop else (),
+                               embd_rows=rows)
+
+    def generate(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, stop: bool = True, *, features: np.ndarray | None = None) -> list[int]:
+        return list(self.stream(image, max_new_tokens, temperature, top_p, seed, stop, features=features))
+
+    def transcribe(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
+                   seed: int | None = None, *, features: np.ndarray | None = None) -> str:
+        """The page's text (Markdown) for one image; generation ends at an end-of-generation id."""
+        ids = self.generate(image, max_new_tokens, temperature, top_p, seed, stop=True, features=features)
+        return self.decode(ids)
+
+    def decode(self, ids) -> str:
+        """Token ids -> text; control tokens (e.g. <|im_end|>) are left out."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special=True)
+
+    # -- reference dump ----------------------------------------------------------------------
+    def stage_dump(self, image) -> dict[str, np.ndarray]:
+        """Every intermediate, named like the fixture's ref_*.npz: pixel_values, vision_*,
+        proj_*, merger_*, image_features, input_ids, inputs_embeds, text_layer_i,
+        text_final_norm, logits_last. (Full-vocab logits per position are left to the caller:
+        `decoder.logits_of(out['text_hidden'][rows])`.)"""
+        out: dict[str, np.ndarray] = {}
+        features = self.encode_image(image, capture=out)
+        ids, rows = self._prompt_and_rows(features)
+        dec, c = self.decoder, self.config
+        out["input_ids"] = np.asarray(ids, dtype=np.int64)
+        x = dec.embed(ids, rows)  # [T, n_embd]
+        out["inputs_embeds"] = x
+        # One layer at a time through the decoder's own run_layers (on a shallow copy holding
+        # that single layer), with plain causal attention over the prompt: no KV cache needed.
+        pos = np.arange(len(ids))
+        scale = c.head_dim ** -0.5
+
+        def attend(q, k, v):  # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
+            a = flash_attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), pos, pos,
+                                scale=scale, causal=True, window=c.sliding_window)
+            return a.transpose(1, 0, 2)
+
+        single = copy.copy(dec)
+        for i, layer in enumerate(dec.layers):
+            single.layers = [layer]
+            x = single.run_layers(x, pos, lambda _i, q, k, v: attend(q, k, v))  # [T, n_embd]
+            out[f"text_layer_{i}"] = x
+        out["text_hidden"] = x
+        out["text_final_norm"] = rmsnorm(x, dec.output_norm, c.eps)
+        out["logits_last"] = dec.logits_of(x[-1:])[0]
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _prompt_and_rows(self, features: np.ndarray):
+        features = np.asarray(features, dtype=np.float32)
+        if features.ndim != 2 or features.shape[1] != self.config.n_embd or not len(features):
+            raise ValueError(f"image features must be [M > 0, {self.config.n_embd}], got {list(features.shape)}")
+        ids = self.prompt_ids(features.shape[0])
+        idx = np.flatnonzero(np.asarray(ids) == self.image_token_id)  # [M] image rows, in order
+        return ids, (idx, features)
+
+    def _piece_id(self, piece: str) -> int:
+        """A vocabulary entry's id through the tokenizer; if the tokenizer cannot be built (e.g.
+        an unknown pre-tokenizer), straight from the GGUF token list, which is the same table."""
+        try:
+            tid = self.tokenizer.token_id(piece)
+        except ModelError:
+            tid = None
+        return int(tid) if tid is not None else self._vocab_id(piece)
+
+    def _vocab_lookup(self, piece: str) -> int | None:
+        if self._vocab is None:
+            tokens = self.text.gguf.metadata.get("tokenizer.ggml.tokens")
+            if tokens is None:
+                raise ModelError(self.text.path, "missing metadata key 'tokenizer.ggml.tokens'")
+            self._vocab = {t: i for i, t in enumerate(tokens)}
+        return self._vocab.get(piece)
+
+    def _vocab_id(self, piece: str) -> int:
+        tid = self._vocab_lookup(piece)
+        if tid is None:
+            raise ModelError(self.text.path, f"the vocabulary has no {piece!r} token: not a LightOnOCR (Qwen) text model")
+        return tid
+
+    def __repr__(self) -> str:
+        return f"LightOnOCR({str(self.text.path)!r}, {str(self.mmproj.path)!r}, weights={self.weights!r})"
+
+
+def _explain_swapped(model_path) -> None:
+    """If the 'text model' is an mmproj file, say so instead of 'unsupported architecture clip'."""
+    try:
+        arch = meta(open_gguf(model_path), "general.architecture", str, "")
+    except ModelError:
+        return
+    if arch == "clip":
+        raise ModelError(model_path, "this is a vision projector (mmproj) file, not the text model: "
+                                     "are the model and mmproj paths swapped?")
+
+
+def _is_pixels(x) -> bool:
+    return isinstance(x, np.ndarray) and x.ndim == 3 and x.shape[0] == 3 and np.issubdtype(x.dtype, np.floating)
+
+
+def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    return y + b if b is not None else y
+
+
+def _keep(capture: dict | None, name: str, x: np.ndarray) -> None:
+    if capture is not None:
+        capture[name] = x
+
+
+__all__ = ["LightOnOCR", "Projector", "merge_patches"]

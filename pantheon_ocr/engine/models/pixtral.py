@@ -1,0 +1,213 @@
+"""Pixtral vision encoder (the LightOnOCR vision tower) from an mmproj GGUF, in numpy.
+
+    pixels [3, H, W] -> patch conv (one matmul) -> ln_pre -> n_layer x {attention with 2-D RoPE,
+    gated SiLU FFN} -> [N, D] patch features (row-major: index = row * w + col). No final norm.
+
+Facts (spec/lightonocr.md, spec/gguf-layout.md §2.3, §3): every norm is RMSNorm; no biases in the
+released models (optional biases are honoured, as clip.cpp does); attention is not causal; the
+converter permuted the Q/K rows so that HF's split-half RoPE pairs (i, i + d/2) are adjacent pairs
+(2i, 2i+1) in the GGUF, hence `apply_rope(neox=False)` with angles [row f_{2k} | col f_{2k+1}].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from ...errors import ModelError
+from ..attention import flash_attention, naive_attention
+from ..gguf import GGUFFile, meta
+from ..ops import apply_rope, rmsnorm, rope_angles_2d, swiglu
+from ..weights import Storage, Weight, WeightLoader
+
+SUPPORTED_PROJECTORS = ("lightonocr",)
+DEFAULT_ROPE_THETA = 10000.0  # not written by the converter; clip.cpp hard-codes it for lightonocr
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    projector_type: str
+    n_embd: int  # vision hidden size D
+    n_ff: int
+    n_layer: int
+    n_head: int
+    head_dim: int
+    patch_size: int
+    longest_edge: int  # preprocessing target for the longest image side
+    eps: float  # vision RMSNorm eps
+    rope_base: float
+    merge: int  # spatial merge size of the projector (2: 2x2 patches -> one token)
+    projection_dim: int  # projector output size = the text model's n_embd
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+
+
+def vision_config(gf: GGUFFile) -> VisionConfig:
+    """Build the vision config from an mmproj GGUF's metadata; every problem names key and file."""
+    arch = meta(gf, "general.architecture", str)
+    if arch != "clip":
+        raise ModelError(gf.path, f"not a vision projector (mmproj) file: 'general.architecture' is {arch!r}, expected 'clip'")
+    if not meta(gf, "clip.has_vision_encoder", bool, True):
+        raise ModelError(gf.path, "'clip.has_vision_encoder' is false: this mmproj has no vision encoder")
+    projector = meta(gf, "clip.projector_type", str)
+    if projector not in SUPPORTED_PROJECTORS:
+        raise ModelError(gf.path, f"unsupported 'clip.projector_type' {projector!r} (supported: {', '.join(SUPPORTED_PROJECTORS)})")
+    if meta(gf, "clip.use_gelu", bool, False) or not meta(gf, "clip.use_silu", bool, False):
+        raise ModelError(gf.path, "unsupported vision FFN activation: expected 'clip.use_silu' = true (gated SiLU)")
+
+    def key(name, kind, default=...):
+        k = f"clip.vision.{name}"
+        return meta(gf, k, kind) if default is ... else meta(gf, k, kind, default)
+
+    n_embd = key("embedding_length", int)
+    n_head = key("attention.head_count", int)
+    if n_head <= 0 or n_embd % n_head:
+        raise ModelError(gf.path, f"'clip.vision.embedding_length' ({n_embd}) is not a multiple of "
+                                  f"'clip.vision.attention.head_count' ({n_head})")
+    head_dim = n_embd // n_head
+    if head_dim % 4:
+        raise ModelError(gf.path, f"vision head size {head_dim} is not a multiple of 4 (needed by the 2-D RoPE)")
+    stats = {}
+    for name in ("image_mean", "image_std"):
+        v = np.asarray(key(name, list), dtype=np.float64)
+        if v.shape != (3,) or not np.all(np.isfinite(v)):
+            raise ModelError(gf.path, f"'clip.vision.{name}' must hold 3 finite numbers, got {v.tolist()}")
+        stats[name] = tuple(float(np.float32(x)) for x in v)
+    if min(stats["image_std"]) <= 0:
+        raise ModelError(gf.path, f"'clip.vision.image_std' must be positive, got {list(stats['image_std'])}")
+    cfg = VisionConfig(
+        projector_type=projector,
+        n_embd=n_embd,
+        n_ff=key("feed_forward_length", int),
+        n_layer=key("block_count", int),
+        n_head=n_head,
+        head_dim=head_dim,
+        patch_size=key("patch_size", int),
+        longest_edge=key("preproc_image_size", int, key("image_size", int)),
+        eps=key("attention.layer_norm_epsilon", float),
+        rope_base=key("rope.freq_base", float, DEFAULT_ROPE_THETA),
+        merge=key("spatial_merge_size", int, 2),
+        projection_dim=key("projection_dim", int),
+        image_mean=stats["image_mean"],
+        image_std=stats["image_std"],
+    )
+    for name, value in (("patch_size", cfg.patch_size), ("image_size", cfg.longest_edge), ("block_count", cfg.n_layer),
+                        ("feed_forward_length", cfg.n_ff), ("spatial_merge_size", cfg.merge),
+                        ("projection_dim", cfg.projection_dim)):
+        if value <= 0:
+            raise ModelError(gf.path, f"'clip.vision.{name}' must be positive, got {value}")
+    if cfg.longest_edge < cfg.patch_size * cfg.merge:
+        raise ModelError(gf.path, f"'clip.vision.image_size' ({cfg.longest_edge}) is smaller than one merged patch")
+    return cfg
+
+
+def conv_weight(w: WeightLoader, name: str, shape: tuple[int, ...]) -> Weight:
+    """A conv kernel [out, c, kh, kw] as one Weight [out, c*kh*kw] (input flattened (c, dy, dx))."""
+    info = w.gf.tensors.get(name)
+    if info is None:
+        raise ModelError(w.gf.path, f"missing tensor {name!r}")
+    if info.shape != tuple(shape):
+        raise ModelError(w.gf.path, f"tensor {name!r} has shape {list(info.shape)}, expected {list(shape)}")
+    out, n_in = shape[0], int(np.prod(shape[1:]))
+    raw = w.gf.raw(name).reshape(out, -1)  # [out, bytes of c*kh*kw values]: rows are contiguous
+    return Weight(name, info.qtype, (out, n_in), raw, w.storage)
+
+
+class PixtralVision:
+    """The vision tower. `forward(pixels)` -> (features [N, D], (h, w) patch grid)."""
+
+    # Non-causal attention over ~9,400 patches: big tiles amortise numpy's per-call overhead
+    # while each [heads, q_block, kv_block] score tile stays a few tens of MB.
+    q_block = 1024
+    kv_block = 1024
+
+    def __init__(self, gf: GGUFFile, cfg: VisionConfig, storage: Storage):
+        self.cfg, self.path = cfg, gf.path
+        w = WeightLoader(gf, storage)
+        c, p = cfg, cfg.patch_size
+        self.patch_embd = conv_weight(w, "v.patch_embd.weight", (c.n_embd, 3, p, p))
+        self.patch_bias = w.optional_tensor("v.patch_embd.bias", (c.n_embd,))
+        self.pre_ln = w.tensor("v.pre_ln.weight", (c.n_embd,))
+        self.layers = [self._load_layer(w, i) for i in range(c.n_layer)]
+        self.blocked = True  # False: naive attention (tests, tiny images)
+
+    def _load_layer(self, w: WeightLoader, i: int) -> SimpleNamespace:
+        c, p = self.cfg, f"v.blk.{i}."
+        d, ff = c.n_embd, c.n_ff
+        return SimpleNamespace(
+            ln1=w.tensor(p + "ln1.weight", (d,)),
+            wq=w.matrix(p + "attn_q.weight", (d, d)),
+            wk=w.matrix(p + "attn_k.weight", (d, d)),
+            wv=w.matrix(p + "attn_v.weight", (d, d)),
+            wo=w.matrix(p + "attn_out.weight", (d, d)),
+            bq=w.optional_tensor(p + "attn_q.bias", (d,)),
+            bk=w.optional_tensor(p + "attn_k.bias", (d,)),
+            bv=w.optional_tensor(p + "attn_v.bias", (d,)),
+            bo=w.optional_tensor(p + "attn_out.bias", (d,)),
+            ln2=w.tensor(p + "ln2.weight", (d,)),
+            gate=w.matrix(p + "ffn_gate.weight", (ff, d)),
+            up=w.matrix(p + "ffn_up.weight", (ff, d)),
+            down=w.matrix(p + "ffn_down.weight", (d, ff)),
+            b_gate=w.optional_tensor(p + "ffn_gate.bias", (ff,)),
+            b_up=w.optional_tensor(p + "ffn_up.bias", (ff,)),
+            b_down=w.optional_tensor(p + "ffn_down.bias", (d,)),
+        )
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, pixels: np.ndarray, capture: dict | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+        """pixels float32 [3, H, W] (H, W multiples of the patch size) -> ([N, D], (h, w)).
+        capture: optional dict that receives every intermediate stage."""
+        c, p = self.cfg, self.cfg.patch_size
+        ch, hh, ww = pixels.shape
+        if ch != 3 or hh % p or ww % p or hh == 0 or ww == 0:
+            raise ValueError(f"pixels must be [3, H, W] with H, W positive multiples of {p}, got {list(pixels.shape)}")
+        h, w = hh // p, ww // p
+        x = pixels.reshape(3, h, p, w, p)  # [3, h, p, w, p]
+        x = x.transpose(1, 3, 0, 2, 4).reshape(h * w, 3 * p * p)  # [N, 3*p*p] in (channel, dy, dx) order
+        x = _bias(self.patch_embd.matmul(np.ascontiguousarray(x, dtype=np.float32)), self.patch_bias)  # [N, D]
+        _keep(capture, "vision_patch_embeds", x)
+        x = rmsnorm(x, self.pre_ln, c.eps)  # [N, D]
+        _keep(capture, "vision_ln_pre", x)
+        rows, cols = np.divmod(np.arange(h * w), w)  # [N] each: patch (row, col)
+        cos, sin = rope_angles_2d(rows, cols, c.head_dim, c.rope_base)  # [N, head_dim/2] each
+        for i, layer in enumerate(self.layers):
+            x = self._layer(layer, x, cos, sin)  # [N, D]
+            _keep(capture, f"vision_layer_{i}", x)
+        return x, (h, w)
+
+    def _layer(self, layer, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        c = self.cfg
+        n = x.shape[0]
+        hn = rmsnorm(x, layer.ln1, c.eps)  # [N, D]
+        q = _bias(layer.wq.matmul(hn), layer.bq).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        k = _bias(layer.wk.matmul(hn), layer.bk).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        v = _bias(layer.wv.matmul(hn), layer.bv).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        q = apply_rope(q, cos, sin, neox=False)  # [N, H, d] adjacent pairs (permuted GGUF rows)
+        k = apply_rope(k, cos, sin, neox=False)  # [N, H, d]
+        a = self.attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [H, N, d]
+        a = a.transpose(1, 0, 2).reshape(n, c.n_embd)  # [N, D]
+        x = x + _bias(layer.wo.matmul(a), layer.bo)  # [N, D]
+        hn = rmsnorm(x, layer.ln2, c.eps)  # [N, D]
+        g = _bias(layer.gate.matmul(hn), layer.b_gate)  # [N, ff]
+        u = _bias(layer.up.matmul(hn), layer.b_up)  # [N, ff]
+        return x + _bias(layer.down.matmul(swiglu(g, u)), layer.b_down)  # [N, D]
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Non-causal attention of one image's patches: q, k, v [H, N, d] -> [H, N, d]."""
+        pos = np.arange(q.shape[1])
+        scale = self.cfg.head_dim ** -0.5
+        if self.blocked:
+            return flash_attention(q, k, v, pos, pos, scale=scale, causal=False,
+                                   q_block=self.q_block, kv_block=self.kv_block)
+        return naive_attention(q, k, v, pos, pos, scale=scale, causal=False)
+
+
+def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    return y + b if b is not None else y
+
+
+def _keep(capture: dict | None, name: str, x: np.ndarray) -> None:
+    if capture is not None:
+        capture[name] = x

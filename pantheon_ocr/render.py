@@ -1,0 +1,429 @@
+"""Inputs -> documents -> page images.
+
+`expand_inputs` turns what the user typed (files, globs, folders) into `Document`s,
+`count_pages` / `parse_pages` decide which pages to read, and `render_page` produces one RGB
+page image at the model's target size. PDFs are rasterised by PDFium straight at that size so
+the image is never resampled twice; images go through PIL with the usual clean-ups.
+
+PDFium is neither thread-safe nor crash-proof, so the pipeline calls `render_page` in worker
+processes (see `render_pool.py`); inside one process every PDFium call holds `_PDFIUM_LOCK`.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import math
+import os
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Literal
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .errors import InputError, UsageError
+
+PDF_EXTENSIONS = (".pdf",)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp")
+DEFAULT_LONGEST_EDGE = 1540  # LightOnOCR's mmproj image size
+
+# Below this many pixels on the short side there is nothing to read; it is also far below one
+# vision patch row after resizing, so the encoder would get an empty or degenerate grid.
+MIN_SIDE = 16
+# Same threshold at which PIL itself refuses images (2 x its default MAX_IMAGE_PIXELS), but
+# checked by us so that nobody changing PIL's global can switch the guard off. ~179 Mpx is a
+# 600-dpi A1 sheet; an RGB copy of it already needs ~540 MB.
+MAX_IMAGE_PIXELS = 2 * 89_478_485
+
+# PDFium error codes (fpdfview.h). FPDF_GetLastError is NOT reset by a successful call, so a
+# code can be stale (left over from an earlier failure in the same process); see _pdf_problem.
+_FPDF_ERR_PASSWORD = 4
+_FPDF_ERR_SECURITY = 6
+
+_PDFIUM_LOCK = threading.Lock()
+# One open PDF per process: workers render consecutive pages of the same document, and
+# re-opening a big PDF for every page would re-parse its cross-reference table each time.
+_pdf_cache: dict[str, tuple[tuple, object]] = {}
+
+
+@dataclass(frozen=True)
+class Document:
+    """One input file. `rel` is its path relative to the folder or glob base it was found
+    under (just the file name for a file named directly); outputs mirror it."""
+
+    path: Path  # absolute
+    kind: Literal["pdf", "image"]
+    doc_id: str  # hash of the absolute path: stable across runs while the file stays put
+    rel: PurePath
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def make_document(path: str | os.PathLike, rel: str | PurePath | None = None) -> Document:
+    p = Path(path).expanduser().absolute()
+    kind = _kind_of(p)
+    if kind is None:
+        raise InputError(p, "not a PDF or a supported image (" + " ".join(PDF_EXTENSIONS + IMAGE_EXTENSIONS) + ")")
+    doc_id = hashlib.sha256(os.fsencode(p)).hexdigest()[:16]
+    return Document(path=p, kind=kind, doc_id=doc_id, rel=PurePath(rel) if rel is not None else PurePath(p.name))
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+def expand_inputs(items: list[str]) -> list[Document]:
+    """Files, globs and folders -> documents, in the order given; folders and globs are
+    expanded recursively and sorted. Hidden files/folders are skipped (macOS `._x.pdf` litter).
+    A file reached twice is kept once. Missing paths and empty globs/folders raise InputError."""
+    docs: list[Document] = []
+    seen: set[Path] = set()
+    for item in items:
+        for path, rel in _expand_one(item):
+            key = path.resolve()
+            if key not in seen:
+                seen.add(key)
+                docs.append(make_document(path, rel))
+    return docs
+
+
+def _expand_one(item: str) -> list[tuple[Path, PurePath]]:
+    p = Path(item).expanduser()
+    if p.is_file():
+        if not os.access(p, os.R_OK):
+            raise InputError(item, "permission denied")
+        if _kind_of(p) is None:
+            raise InputError(item, "not a PDF or a supported image (" + " ".join(PDF_EXTENSIONS + IMAGE_EXTENSIONS) + ")")
+        return [(p, PurePath(p.name))]
+    if p.is_dir():
+        found = _walk(p)
+        if not found:
+            raise InputError(item, "folder contains no PDF or image files")
+        return found
+    if p.exists():
+        raise InputError(item, "not a regular file or folder")
+    if glob.has_magic(item):
+        base = _glob_base(item)
+        found = []
+        for match in sorted(glob.glob(os.path.expanduser(item), recursive=True)):
+            m = Path(match)
+            if m.is_dir():
+                found += _walk(m, base)
+            elif m.is_file() and _kind_by_extension(m) is not None:
+                found.append((m, PurePath(os.path.relpath(m, base))))
+        if not found:
+            raise InputError(item, "no PDF or image files match this pattern")
+        return found
+    raise InputError(item, "no such file or folder")
+
+
+def _walk(root: Path, base: Path | None = None) -> list[tuple[Path, PurePath]]:
+    base = root if base is None else base
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            f = Path(dirpath, name)
+            if not name.startswith(".") and _kind_by_extension(f) is not None:
+                found.append((f, PurePath(os.path.relpath(f, base))))
+    return sorted(found, key=lambda pr: pr[1].parts)
+
+
+def _glob_base(pattern: str) -> Path:
+    """The folder part of a glob before its first wildcard: 'scans/**/*.pdf' -> scans."""
+    parts = []
+    for part in Path(os.path.expanduser(pattern)).parts:
+        if glob.has_magic(part):
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path(".")
+
+
+def _kind_by_extension(path: Path) -> Literal["pdf", "image"] | None:
+    ext = path.suffix.lower()
+    return "pdf" if ext in PDF_EXTENSIONS else "image" if ext in IMAGE_EXTENSIONS else None
+
+
+def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
+    """By extension; a named file with another extension is sniffed (PDF header, PIL)."""
+    kind = _kind_by_extension(path)
+    if kind is not None or not path.is_file():
+        return kind
+    try:
+        with open(path, "rb") as f:
+            if b"%PDF-" in f.read(1024):
+                return "pdf"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path):
+                return "image"
+    except Image.DecompressionBombError:
+        return "image"  # an image all right; rendering it reports the size problem
+    except (OSError, UnidentifiedImageError):
+        return None
+
+
+# -------------------------------------------------------------------------------- pages
+
+
+def count_pages(doc: Document, password: str | None = None) -> int:
+    """Pages of a PDF, frames of a multi-page TIFF, 1 for other images. InputError if the
+    document cannot be opened or has no pages."""
+    if doc.kind == "pdf":
+        with _PDFIUM_LOCK:
+            return len(_cached_pdf(doc, password))
+    with _open_image(doc, None) as img:
+        return _n_frames(img)
+
+
+_RANGE = re.compile(r"^\s*(\d*)\s*(-?)\s*(\d*)\s*$")
+
+
+def _parse_spec(spec: str) -> list[tuple[int, int | None]]:
+    """'1-3,7,9-' -> [(1, 3), (7, 7), (9, None)]: 1-based inclusive ranges, None = to the end."""
+    hint = "use e.g. '1-3,7' or '5-' (pages start at 1)"
+    ranges = []
+    for part in spec.split(","):
+        m = _RANGE.match(part)
+        if not m or (not m.group(1) and not m.group(3)):
+            raise UsageError(f"bad page range {spec!r}: cannot read {part.strip()!r}; {hint}")
+        first = int(m.group(1)) if m.group(1) else 1
+        last = int(m.group(3)) if m.group(3) else (None if m.group(2) else first)
+        if first < 1 or (last is not None and last < 1):
+            raise UsageError(f"bad page range {spec!r}: page 0 does not exist; {hint}")
+        if last is not None and last < first:
+            raise UsageError(f"bad page range {spec!r}: {part.strip()!r} runs backwards; {hint}")
+        ranges.append((first, last))
+    return ranges
+
+
+def validate_page_spec(spec: str | None) -> None:
+    """Check the syntax before any work starts (the page count is not known yet)."""
+    if spec and spec.strip().lower() != "all":
+        _parse_spec(spec)
+
+
+def parse_pages(spec: str | None, n_pages: int, clip: bool = False) -> list[int]:
+    """A 1-based page spec ('1-3,7', '5-', '-2', 'all' or None) -> sorted unique 0-based page
+    indices. Pages beyond n_pages are a UsageError, or dropped when clip=True (one spec applied
+    to many documents of different lengths)."""
+    if not spec or spec.strip().lower() == "all":
+        return list(range(n_pages))
+    pages: set[int] = set()
+    for first, last in _parse_spec(spec):
+        last = n_pages if last is None else last
+        if not clip and max(first, last) > n_pages:
+            raise UsageError(f"page {max(first, last)} is out of range: the document has {n_pages} pages")
+        pages.update(range(first - 1, min(last, n_pages)))
+    return sorted(pages)
+
+
+# ------------------------------------------------------------------------------ render
+
+
+def render_page(
+    doc: Document, page_index: int, longest_edge: int = DEFAULT_LONGEST_EDGE, password: str | None = None
+) -> Image.Image:
+    """Page `page_index` (0-based) as an RGB image whose longer side is `longest_edge` pixels
+    (PDFs) or at most that (images are downscaled, never upscaled). Raises InputError."""
+    if doc.kind == "pdf":
+        with _PDFIUM_LOCK:
+            return _render_pdf_page(doc, page_index, longest_edge, password)
+    return _render_image(doc, page_index, longest_edge)
+
+
+def clear_pdf_cache() -> None:
+    """Close the cached open PDF (workers call this before exiting)."""
+    with _PDFIUM_LOCK:
+        entry = _pdf_cache.pop("pdf", None)
+        if entry is not None:
+            entry[1].close()
+
+
+def _fit(width: float, height: float, longest_edge: int) -> tuple[float, int, int]:
+    """Scale so that ceil(longer side * scale) == longest_edge exactly (PDFium rounds up)."""
+    scale = longest_edge / max(width, height)
+    while math.ceil(max(width, height) * scale) > longest_edge:
+        scale = math.nextafter(scale, 0.0)
+    return scale, math.ceil(width * scale), math.ceil(height * scale)
+
+
+def _cached_pdf(doc: Document, password: str | None):
+    import pypdfium2 as pdfium  # lazy: importing this module must stay cheap
+
+    try:
+        st = os.stat(doc.path)
+    except OSError as e:
+        raise InputError(doc.path, f"cannot read file: {e.strerror or e}") from None
+    key = (str(doc.path), password, st.st_mtime_ns, st.st_size)
+    entry = _pdf_cache.get("pdf")
+    if entry is not None and entry[0] == key:
+        return entry[1]
+    if entry is not None:
+        _pdf_cache.pop("pdf")[1].close()
+    try:
+        pdf = pdfium.PdfDocument(doc.path, password=password)
+    except pdfium.PdfiumError as e:
+        raise InputError(doc.path, _pdf_problem(doc.path, e.err_code, password)) from None
+    except OSError as e:
+        raise InputError(doc.path, f"cannot read file: {e.strerror or e}") from None
+    if len(pdf) == 0:
+        pdf.close()
+        raise InputError(doc.path, "the PDF has no pages")
+    try:
+        pdf.init_forms()  # so filled-in form fields are drawn: their values are text to read
+    except pdfium.PdfiumError:
+        pass  # a broken form layer should not cost the page content
+    _pdf_cache["pdf"] = (key, pdf)
+    return pdf
+
+
+def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
+    """Turn a PDFium load failure into a clear problem text. The error code can be stale (a
+    zero-page PDF fails without setting one), so look at the bytes before trusting it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
+            tail = f.read()
+    except OSError as e:
+        return f"cannot read file: {e.strerror or e}"
+    if b"%PDF-" not in head[:1024]:
+        return "not a PDF file (no %PDF header)"
+    encrypted = b"/Encrypt" in head or b"/Encrypt" in tail
+    if encrypted and err_code == _FPDF_ERR_PASSWORD:
+        if password is None:
+            return "the PDF is encrypted: a password is needed (--password)"
+        return "wrong password for this encrypted PDF"
+    if encrypted and err_code == _FPDF_ERR_SECURITY:
+        return "the PDF uses an unsupported encryption (security handler)"
+    if re.search(rb"/Count\s+0\b", head + tail) and not re.search(rb"/Type\s*/Page\b(?!s)", head + tail):
+        return "the PDF has no pages"
+    return "the PDF is damaged or truncated and cannot be opened"
+
+
+def _render_pdf_page(doc: Document, page_index: int, longest_edge: int, password: str | None) -> Image.Image:
+    import pypdfium2 as pdfium
+
+    page_no = page_index + 1
+    pdf = _cached_pdf(doc, password)
+    n = len(pdf)
+    if not 0 <= page_index < n:
+        raise InputError(doc.path, f"page {page_no} does not exist (the PDF has {n} pages)", page=page_no)
+    try:
+        page = pdf[page_index]
+    except pdfium.PdfiumError:
+        raise InputError(doc.path, "the page cannot be loaded (damaged page object)", page=page_no) from None
+    try:
+        width, height = page.get_size()  # points, already swapped for /Rotate 90/270
+        if not (math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0):
+            raise InputError(doc.path, f"the page has an invalid size ({width}x{height} pt)", page=page_no)
+        scale, w, h = _fit(width, height, longest_edge)
+        if min(w, h) < MIN_SIDE:
+            raise InputError(doc.path, f"the page is too narrow to read ({w}x{h} px at {longest_edge} px)", page=page_no)
+        bitmap = page.render(scale=scale, rev_byteorder=True, fill_color=(255, 255, 255, 255), may_draw_forms=True)
+        img = bitmap.to_pil()  # RGB; PIL copies 3-byte formats, so the bitmap can be freed
+        return img if img.mode == "RGB" else img.convert("RGB")
+    except pdfium.PdfiumError as e:
+        raise InputError(doc.path, f"PDFium cannot render the page ({e})", page=page_no) from None
+    finally:
+        page.close()
+
+
+def _open_image(doc: Document, page: int | None) -> Image.Image:
+    """Open lazily (header only) with clear errors and the pixel-count guard."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we check ourselves
+            img = Image.open(doc.path)
+    except Image.DecompressionBombError:
+        raise InputError(doc.path, "the image is too large (decompression bomb guard)", page=page) from None
+    except UnidentifiedImageError:
+        raise InputError(doc.path, "not a readable image (unknown or damaged format)", page=page) from None
+    except OSError as e:
+        raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page) from None
+    w, h = img.size
+    if w * h > MAX_IMAGE_PIXELS:
+        img.close()
+        raise InputError(
+            doc.path, f"the image is {w}x{h} px, above the {MAX_IMAGE_PIXELS / 1e6:.0f} Mpx safety limit (decompression bomb guard)", page=page
+        )
+    return img
+
+
+def _n_frames(img: Image.Image) -> int:
+    return getattr(img, "n_frames", 1) if img.format == "TIFF" else 1
+
+
+def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Image:
+    page_no = page_index + 1
+    with _open_image(doc, page_no) as img:
+        n = _n_frames(img)
+        if not 0 <= page_index < n:
+            raise InputError(doc.path, f"page {page_no} does not exist (the image has {n} page{'s' * (n != 1)})", page=page_no)
+        try:
+            if n > 1:
+                img.seek(page_index)
+            w, h = img.size  # a TIFF frame has its own size: check it again
+            if w * h > MAX_IMAGE_PIXELS:
+                raise InputError(doc.path, f"the image is {w}x{h} px, above the safety limit", page=page_no)
+            if min(w, h) < MIN_SIDE:
+                raise InputError(doc.path, f"the image is too small to read ({w}x{h} px)", page=page_no)
+            if img.format == "JPEG" and max(w, h) >= 2 * longest_edge:
+                # Let libjpeg decode at 1/2, 1/4 or 1/8 scale (still >= the target): a 20000-px
+                # scan then never exists at full size in memory.
+                img.draft(img.mode, (math.ceil(w * longest_edge / max(w, h)), math.ceil(h * longest_edge / max(w, h))))
+            frame = ImageOps.exif_transpose(img)  # phone photos: honour the orientation tag
+            if frame is img:
+                frame = img.copy()  # must outlive the file, which closes below
+            rgb = _to_rgb(frame)
+        except InputError:
+            raise
+        except (OSError, ValueError, SyntaxError) as e:  # truncated data, bad tiles, ...
+            raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
+    w, h = rgb.size
+    if max(w, h) > longest_edge:
+        _, nw, nh = _fit(w, h, longest_edge)
+        if min(nw, nh) < MIN_SIDE:
+            raise InputError(doc.path, f"the image is too narrow to read ({w}x{h} px)", page=page_no)
+        rgb = rgb.resize((nw, nh), Image.LANCZOS)
+    return rgb
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode -> 8-bit RGB: transparency over white paper, wide/float data scaled down."""
+    mode = img.mode
+    if mode.startswith("I") or mode == "F":
+        return Image.fromarray(_to_uint8(np.asarray(img), mode), "L").convert("RGB")
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info:
+        rgba = img.convert("RGBA")  # also resolves palettes, tRNS colour keys, premultiplied alpha
+        page = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        page.alpha_composite(rgba)
+        return page.convert("RGB")
+    # CMYK, YCbCr, LAB, P, 1, L: PIL's conversions (Adobe-inverted CMYK JPEGs are handled by
+    # the decoder). Colour accuracy does not matter for reading text; contrast does.
+    return img if mode == "RGB" else img.convert("RGB")
+
+
+def _to_uint8(a: np.ndarray, mode: str) -> np.ndarray:
+    """Wide or float grey data -> uint8. 16-bit data maps 0..65535 linearly, as viewers show
+    it; 32-bit integer or float data already in 0..255 (or 0..1 for float) keeps its scale;
+    anything else is stretched min..max so it neither saturates to white nor vanishes."""
+    if mode.startswith("I;16"):
+        return np.rint(a.astype(np.float32) / 257.0).astype(np.uint8)
+    a = np.nan_to_num(a.astype(np.float64))
+    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    if mode == "F" and lo >= 0 and hi <= 1.0:
+        a = a * 255.0
+    elif lo >= 0 and hi <= 255:
+        pass
+    elif mode == "I" and lo >= 0 and hi <= 65535:
+        a = a / 257.0  # 16-bit data that PIL widened to 32-bit
+    else:
+        a = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
+    return np.clip(np.rint(a), 0, 255).astype(np.uint8)

@@ -1,0 +1,279 @@
+"""Crash-proof worker processes for rendering (and page counting).
+
+PDFium is C++ reading untrusted files: it can segfault, abort or hang. So PDF work runs in
+worker processes and the pool supervises them itself. `concurrent.futures.ProcessPoolExecutor`
+is not enough: one dead worker marks the whole executor broken and fails every pending page,
+and `multiprocessing.Pool` simply hangs. Here each worker has its own pipe and the pool knows
+which task each worker holds, so a crash costs exactly that task (reported as a `WorkerError`)
+plus the start of a replacement worker; a task running longer than `timeout` is killed the same way.
+
+`imap` yields outcomes **in submission order** and keeps at most `max_in_flight` tasks
+submitted but not yet yielded (running, queued or finished and waiting for an earlier one).
+That bound is the back-pressure: a 2,000-page PDF never has more than `max_in_flight`
+rendered pages inside the pool, however slow the consumer is. In-order delivery also lets the
+pipeline finish documents one after the other. The price: a slow page holds back the pages
+after it for its render time (at most `timeout`), which is usually small next to OCR time.
+
+Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides how
+to stop (it closes the pool, which terminates busy workers).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from .errors import InputError
+
+
+class WorkerError(Exception):
+    """The task did not produce a value: its worker crashed or timed out (`crashed`), or the
+    function raised an exception other than InputError (whose text is `problem`)."""
+
+    def __init__(self, problem: str, crashed: bool):
+        self.problem = problem
+        self.crashed = crashed
+        super().__init__(problem)
+
+
+@dataclass
+class Outcome:
+    index: int  # position in the submitted sequence
+    args: tuple
+    value: Any = None
+    error: InputError | WorkerError | None = None
+    seconds: float = 0.0  # wall time of the call inside the worker
+
+
+def default_start_method() -> str:
+    # forkserver forks cheap replacements from a small single-threaded server (safe with our
+    # threads, unlike fork); spawn where forkserver does not exist (Windows) or is fragile (macOS).
+    if sys.platform.startswith("linux") and "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return "spawn"
+
+
+def _worker_main(conn: multiprocessing.connection.Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from . import render  # for clear_pdf_cache; the task functions import what they need
+
+    try:
+        conn.send(("ready", None, 0.0))  # tells the parent that start-up worked
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent is gone
+            if msg is None:
+                break
+            fn, args = msg
+            t0 = time.perf_counter()
+            try:
+                reply = ("ok", fn(*args))
+            except InputError as e:
+                # Sent as data: exceptions with custom __init__ signatures do not unpickle.
+                reply = ("input", (e.path, e.problem, e.page))
+            except Exception as e:  # noqa: BLE001 - any failure belongs to this task only
+                reply = ("exc", f"{type(e).__name__}: {e}")
+            try:
+                conn.send((*reply, time.perf_counter() - t0))
+            except Exception as e:  # noqa: BLE001 - e.g. an unpicklable result
+                conn.send(("exc", f"cannot return the result: {type(e).__name__}: {e}", 0.0))
+    finally:
+        render.clear_pdf_cache()
+
+
+class _Worker:
+    def __init__(self, ctx) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="pantheon-render")
+        self.process.start()
+        child.close()  # so a dead worker shows up as EOF on our end
+        self.task: tuple[int, tuple] | None = None
+        self.deadline = 0.0
+        self.ready = False  # set by the worker's first message
+
+    def stop(self, grace: float) -> None:
+        if self.task is None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.process.join(grace)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(1.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1.0)
+        self.conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class RenderPool:
+    """Supervised worker processes. Use from one thread at a time; close() (or `with`) ends
+    the workers. Workers start lazily on the first imap()."""
+
+    def __init__(
+        self,
+        workers: int = 2,
+        max_in_flight: int | None = None,
+        timeout: float | None = 120.0,
+        start_method: str | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.n_workers = workers
+        self.max_in_flight = max(workers, max_in_flight or 2 * workers)
+        self.timeout = timeout
+        self._ctx = multiprocessing.get_context(start_method or default_start_method())
+        self._workers: list[_Worker] = []
+        self.restarts = 0  # replacement workers started (crashes + timeouts)
+        self._closed = False
+        self._start_failures = 0  # consecutive workers that died before saying "ready"
+        self._waiting: deque[tuple[int, tuple]] = deque()  # taken from `items`, not yet sent
+
+    def __enter__(self) -> "RenderPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        workers, self._workers = self._workers, []
+        for w in workers:
+            w.stop(grace=2.0)
+
+    def imap(
+        self, fn: Callable[..., Any], items: Iterable[tuple], stop: threading.Event | None = None
+    ) -> Iterator[Outcome]:
+        """Run fn(*args) for each args tuple in a worker; yield Outcomes in submission order.
+        `fn` must be picklable (a module-level function or an instance of a module-level
+        class). Returns early, without yielding the rest, once `stop` is set."""
+        if self._closed:
+            raise RuntimeError("the render pool is closed")
+        while len(self._workers) < self.n_workers:
+            self._workers.append(_Worker(self._ctx))
+        try:
+            yield from self._run(fn, iter(items), stop)
+        finally:
+            # Abandoned early (stop, error, consumer gone): results still being computed would
+            # be mistaken for the next imap's, so end those workers; new ones start lazily.
+            busy = [w for w in self._workers if w.task is not None]
+            self._workers = [w for w in self._workers if w.task is None]
+            for w in busy:
+                w.stop(grace=0.0)
+
+    def _run(self, fn: Callable, source: Iterator[tuple], stop: threading.Event | None) -> Iterator[Outcome]:
+        waiting = self._waiting = deque()
+        done: dict[int, Outcome] = {}
+        submitted = yielded = 0
+        exhausted = False
+        while True:
+            while not exhausted and submitted - yielded < self.max_in_flight:
+                try:
+                    waiting.append((submitted, tuple(next(source))))
+                    submitted += 1
+                except StopIteration:
+                    exhausted = True
+            for i, w in enumerate(self._workers):
+                if w.task is None and waiting:
+                    self._send(i, fn, waiting.popleft(), done)
+            while yielded in done:
+                if stop is not None and stop.is_set():
+                    return
+                yield done.pop(yielded)
+                yielded += 1
+            if exhausted and yielded == submitted:
+                return
+            if stop is not None and stop.is_set():
+                return
+            if any(w.task is not None for w in self._workers):
+                self._wait(done)
+
+    def _send(self, i: int, fn: Callable, task: tuple[int, tuple], done: dict[int, Outcome]) -> None:
+        w = self._workers[i]
+        if not w.process.is_alive():  # died while idle (OOM killer, ...): not this task's fault
+            w.stop(grace=0.0)
+            self._workers[i] = w = _Worker(self._ctx)
+            self.restarts += 1
+        w.task = task
+        w.deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
+        try:
+            w.conn.send((fn, task[1]))
+        except (OSError, ValueError):  # the worker died while idle (BrokenPipe)
+            self._replace(i, done, WorkerError(f"the render worker died ({_describe_exit(w.process.exitcode)})", True))
+
+    def _wait(self, done: dict[int, Outcome]) -> None:
+        busy = [w for w in self._workers if w.task is not None]
+        deadline = min(w.deadline for w in busy)
+        timeout = min(0.1, max(0.0, deadline - time.monotonic()))  # 0.1 s: notice `stop` soon
+        multiprocessing.connection.wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout)
+        for i, w in enumerate(self._workers):
+            if w.task is None:
+                continue
+            index, args = w.task
+            if w.conn.poll():
+                try:
+                    status, payload, seconds = w.conn.recv()
+                except (EOFError, OSError):
+                    w.process.join(1.0)  # died while sending
+                    self._replace(i, done, WorkerError(f"the render worker crashed ({_describe_exit(w.process.exitcode)})", True))
+                    continue
+                if status == "ready":
+                    w.ready = True
+                    self._start_failures = 0
+                    continue
+                if status == "ok":
+                    done[index] = Outcome(index, args, value=payload, seconds=seconds)
+                elif status == "input":
+                    done[index] = Outcome(index, args, error=InputError(*payload), seconds=seconds)
+                else:
+                    done[index] = Outcome(index, args, error=WorkerError(payload, False), seconds=seconds)
+                w.task = None
+            elif not w.process.is_alive():
+                self._replace(i, done, WorkerError(f"the render worker crashed ({_describe_exit(w.process.exitcode)})", True))
+            elif time.monotonic() > w.deadline:
+                self._replace(i, done, WorkerError(f"rendering took longer than {self.timeout:g} s and was stopped", True))
+
+    def _replace(self, i: int, done: dict[int, Outcome], error: WorkerError) -> None:
+        """Worker i died or hung: its task fails with it, a new worker takes its place. A worker
+        that died before its "ready" message failed to start, which is not the task's fault:
+        the task is queued again, and repeated start failures end the run with a clear error."""
+        old = self._workers[i]
+        if old.task is not None:
+            index, args = old.task
+            if old.ready or not error.crashed:
+                done[index] = Outcome(index, args, error=error)
+            else:
+                self._waiting.appendleft(old.task)
+            old.task = None
+        if not old.ready:
+            self._start_failures += 1
+        old.stop(grace=0.0)
+        if self._start_failures >= 3:
+            self._workers.pop(i)
+            raise RuntimeError(
+                f"render worker processes fail to start ({_describe_exit(old.process.exitcode)}); "
+                "see the messages above. Is the main module importable by worker processes?"
+            )
+        self._workers[i] = _Worker(self._ctx)
+        self.restarts += 1

@@ -1,0 +1,224 @@
+"""Test doubles for the pipeline: a FakeEngine implementing the PageEngine protocol, marked
+test PDFs it can "read", and picklable render hooks that crash or hang a render worker.
+
+The fake engine reads two grey squares that `marked_pdf` draws in the top-left corner of each
+page (grey level = 8 x page number, 8 x document number), so its text names the page it saw:
+"doc 2 page 3: t0 t1 ...". Any other image reads as doc 0 page 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+
+
+def make_samples_module():
+    """scripts/make_samples.py (not a package) loaded as a module, for its PDF writer."""
+    name = "pantheon_make_samples"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "make_samples.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def marked_pdf(n_pages: int, doc_no: int = 1, size: tuple[float, float] = (612, 792)) -> bytes:
+    ms = make_samples_module()
+    pages = []
+    for i in range(1, n_pages + 1):
+        c = ms.Canvas()
+        c.rect(0, size[1] - 40, 40, 40, round(8 * i / 255, 4))
+        c.rect(40, size[1] - 40, 40, 40, round(8 * doc_no / 255, 4))
+        c.text(100, size[1] - 30, f"Document {doc_no}, page {i} of {n_pages}", size=14)
+        pages.append(c)
+    return ms.build_pdf(pages, size=size)
+
+
+def read_marks(image: Image.Image) -> tuple[int, int]:
+    """(doc, page) from the grey squares; (0, 0) if the image has none."""
+    w, h = image.size
+    s = max(w, h) / 792  # squares are 40 pt; sample well inside them
+    a, b = image.getpixel((int(10 * s), int(10 * s))), image.getpixel((int(50 * s), int(10 * s)))
+    if not (a[0] == a[1] == a[2] and b[0] == b[1] == b[2]) or a[0] > 250 or b[0] > 250:
+        return 0, 0
+    return round(b[0] / 8), round(a[0] / 8)
+
+
+@dataclass(frozen=True)
+class FakeFeatures:
+    doc: int
+    page: int
+    key: str  # digest of the image
+
+
+class FakeSeq:
+    def __init__(self, features: FakeFeatures, n_target: int, max_tokens: int, loops: bool, loop_limit: int | None):
+        self.features = features
+        self.n_target = n_target
+        self.max_tokens = max_tokens
+        self.loops = loops
+        self.loop_limit = loop_limit
+        self.n_tokens = 0
+        self.finished = False
+        self.finish_reason: str | None = None
+        self._check()
+
+    def _check(self) -> None:
+        if self.loops:
+            if self.loop_limit is not None and self.n_tokens >= self.loop_limit:
+                self.finished, self.finish_reason = True, "repetition"
+        elif self.n_tokens >= self.n_target:
+            self.finished, self.finish_reason = True, "eos"
+        if not self.finished and self.n_tokens >= self.max_tokens:
+            self.finished, self.finish_reason = True, "max_tokens"
+
+    def step(self) -> None:
+        self.n_tokens += 1
+        self._check()
+
+    def text(self) -> str:
+        f = self.features
+        words = ("loop" if self.loops else f"t{i}" for i in range(self.n_tokens))
+        return f"doc {f.doc} page {f.page}: " + " ".join(words)
+
+
+def _never(f: FakeFeatures) -> bool:
+    return False
+
+
+class FakeEngine:
+    """Deterministic PageEngine. Predicates on FakeFeatures select failing or looping pages;
+    `loop_limit` plays the engine's repetition guard (None: loop until max_tokens).
+    It records what happened for the tests: batch sizes, per-page threads, time spans."""
+
+    def __init__(
+        self,
+        longest_edge: int = 1540,
+        n_tokens: Callable[[FakeFeatures], int] = lambda f: 3 + f.page % 5,
+        fail_vision: Callable[[FakeFeatures], bool] = _never,
+        fail_prefill: Callable[[FakeFeatures], bool] = _never,
+        loops: Callable[[FakeFeatures], bool] = _never,
+        loop_limit: int | None = 12,
+        vision_sleep: float = 0.0,
+        step_sleep: float = 0.0,
+        on_step: Callable[[int], None] | None = None,
+    ):
+        self.longest_edge = longest_edge
+        self.n_tokens = n_tokens
+        self.fail_vision, self.fail_prefill, self.loops = fail_vision, fail_prefill, loops
+        self.loop_limit = loop_limit
+        self.vision_sleep, self.step_sleep = vision_sleep, step_sleep
+        self.on_step = on_step
+        self.lock = threading.Lock()
+        self.batches: list[list[tuple[int, int]]] = []  # (doc, page) of each decode step
+        self.vision_spans: list[tuple[float, float, str]] = []
+        self.decode_spans: list[tuple[float, float, str]] = []
+        self.prefills: list[tuple[int, int]] = []
+
+    def vision(self, image: Image.Image) -> FakeFeatures:
+        t0 = time.perf_counter()
+        assert image.mode == "RGB" and max(image.size) <= self.longest_edge
+        doc, page = read_marks(image)
+        f = FakeFeatures(doc, page, hashlib.sha1(image.tobytes()).hexdigest()[:12])
+        if self.vision_sleep:
+            time.sleep(self.vision_sleep)
+        with self.lock:
+            self.vision_spans.append((t0, time.perf_counter(), threading.current_thread().name))
+        if self.fail_vision(f):
+            raise RuntimeError(f"fake vision failure on doc {doc} page {page}")
+        return f
+
+    def prefill(self, features: FakeFeatures, sampling) -> FakeSeq:
+        if self.fail_prefill(features):
+            raise ValueError(f"fake prefill failure on doc {features.doc} page {features.page}")
+        with self.lock:
+            self.prefills.append((features.doc, features.page))
+        return FakeSeq(features, self.n_tokens(features), sampling.max_tokens, self.loops(features), self.loop_limit)
+
+    def decode_step(self, seqs: list[FakeSeq]) -> None:
+        t0 = time.perf_counter()
+        assert seqs and not any(s.finished for s in seqs)
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        for s in seqs:
+            s.step()
+        with self.lock:
+            self.batches.append([(s.features.doc, s.features.page) for s in seqs])
+            self.decode_spans.append((t0, time.perf_counter(), threading.current_thread().name))
+            n = len(self.batches)
+        if self.on_step is not None:
+            self.on_step(n)
+
+
+def expected_text(doc: int, page: int, n_tokens: int | None = None) -> str:
+    n = 3 + page % 5 if n_tokens is None else n_tokens
+    return f"doc {doc} page {page}: " + " ".join(f"t{i}" for i in range(n))
+
+
+# ----------------------------------------------------------------- render hooks (picklable)
+
+
+class CrashingRender:
+    """render_page, except on the chosen (file name, 0-based page) pairs, where the worker
+    dies: "exit" = os._exit, "segv" = SIGSEGV (what a PDFium bug does), "hang" = sleeps."""
+
+    def __init__(self, pages: set[tuple[str, int]], mode: str = "segv"):
+        self.pages = set(pages)
+        self.mode = mode
+
+    def __call__(self, doc, page_index, longest_edge=1540, password=None):
+        if (doc.path.name, page_index) in self.pages:
+            if self.mode == "exit":
+                os._exit(3)
+            if self.mode == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.mode == "hang":
+                time.sleep(3600)
+        from pantheon_ocr.render import render_page
+
+        return render_page(doc, page_index, longest_edge, password)
+
+
+class SlowRender:
+    """render_page after a pause (to interrupt a run while workers are busy)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, doc, page_index, longest_edge=1540, password=None):
+        time.sleep(self.seconds)
+        from pantheon_ocr.render import render_page
+
+        return render_page(doc, page_index, longest_edge, password)
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def vm_rss_kb() -> int:
+    """Resident set size of this process from /proc (no psutil)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")

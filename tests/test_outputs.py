@@ -1,0 +1,152 @@
+"""outputs.py: atomic writes, naming, Markdown / JSONL / text formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path, PurePath
+
+import pytest
+
+from pantheon_ocr import outputs
+from pantheon_ocr.outputs import (
+    atomic_write_bytes,
+    atomic_write_text,
+    plan_output_paths,
+    render_jsonl,
+    render_markdown,
+    render_txt,
+    write_document,
+)
+from pantheon_ocr.pipeline_types import PageResult
+from pantheon_ocr.render import Document, make_document
+
+
+def doc(tmp_path: Path, rel: str) -> Document:
+    path = tmp_path / "in" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return make_document(path, rel)
+
+
+def result(d: Document, page: int, text: str = "", error: str | None = None, finish: str | None = "eos") -> PageResult:
+    secs = {"render": 0.01, "vision": 0.5, "prefill": 0.25, "decode": 1.5}
+    if error is not None:
+        return PageResult(d, page, "", 0, None, error, secs)
+    return PageResult(d, page, text, len(text.split()), finish, None, secs)
+
+
+def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "sub" / "out.md"
+    atomic_write_text(target, "first\n")
+    atomic_write_text(target, "zweite Fassung\n")
+    assert target.read_text(encoding="utf-8") == "zweite Fassung\n"
+    atomic_write_bytes(tmp_path / "b.bin", b"\x00\x01")
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.bin", "out.md", "sub"]
+    assert stat.S_IMODE(target.stat().st_mode) & 0o044  # readable like an ordinary file, not 0600
+
+
+def test_failed_write_keeps_old_file_and_cleans_up(tmp_path, monkeypatch):
+    target = tmp_path / "out.md"
+    atomic_write_text(target, "old\n")
+
+    def boom(src, dst):
+        raise KeyboardInterrupt  # Ctrl-C at the worst moment
+
+    monkeypatch.setattr(outputs.os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.md"]
+
+
+def test_output_naming_mirrors_folders_and_avoids_collisions(tmp_path):
+    docs = [
+        doc(tmp_path, "report.pdf"),
+        doc(tmp_path, "a/report.pdf"),
+        doc(tmp_path, "b/report.pdf"),
+        doc(tmp_path, "scan.pdf"),
+        doc(tmp_path, "scan.png"),
+        doc(tmp_path, "Scan.tif"),
+        doc(tmp_path, "v1.2.final.pdf"),
+    ]
+    other = tmp_path / "elsewhere" / "report.pdf"
+    other.parent.mkdir()
+    other.touch()
+    same_name = make_document(other)  # named directly: rel is just "report.pdf"
+    plan = plan_output_paths(docs + [same_name], tmp_path / "out")
+    assert plan[same_name.doc_id].file("md") == tmp_path / "out" / f"report-{same_name.doc_id[:8]}.md"
+    rel = {d.rel: plan[d.doc_id].file("md").relative_to(tmp_path / "out") for d in docs}
+    assert rel[PurePath("report.pdf")] == Path("report.md")
+    assert rel[PurePath("a/report.pdf")] == Path("a/report.md")
+    assert rel[PurePath("scan.pdf")] == Path("scan.md")
+    assert rel[PurePath("scan.png")] == Path(f"scan-{docs[4].doc_id[:8]}.md")
+    assert rel[PurePath("Scan.tif")] == Path(f"Scan-{docs[5].doc_id[:8]}.md")  # case-insensitive disks
+    assert rel[PurePath("v1.2.final.pdf")] == Path("v1.2.final.md")
+    assert len({p.base for p in plan.values()}) == len(plan)
+    # the same documents always get the same names
+    assert plan_output_paths(docs, tmp_path / "out") == {k: v for k, v in plan.items() if k != same_name.doc_id}
+    assert plan[docs[1].doc_id].page_file(3) == tmp_path / "out" / "a" / "report" / "page-0003.md"
+
+
+def test_naming_never_leaves_the_output_folder(tmp_path):
+    d = make_document(tmp_path / "x.pdf", "../../etc/x.pdf")
+    assert plan_output_paths([d], tmp_path / "out")[d.doc_id].file("md") == tmp_path / "out" / "x.md"
+
+
+def test_markdown_pages_in_order_with_markers(tmp_path):
+    d = doc(tmp_path, "r.pdf")
+    results = [
+        result(d, 3, "Third page.\n"),
+        result(d, 1, "# Title\n\nFirst page."),
+        result(d, 2, error="the render worker crashed (killed by SIGSEGV) --> oops"),
+        result(d, 4, "half a page", finish="max_tokens"),
+    ]
+    assert render_markdown(results) == (
+        "<!-- page 1 -->\n\n# Title\n\nFirst page.\n\n"
+        "<!-- page 2 failed: the render worker crashed (killed by SIGSEGV) - -> oops -->\n\n"
+        "<!-- page 3 -->\n\nThird page.\n\n"
+        "<!-- page 4 stopped: max_tokens -->\n\nhalf a page\n"
+    )
+
+
+def test_txt_uses_form_feeds(tmp_path):
+    d = doc(tmp_path, "r.pdf")
+    txt = render_txt([result(d, 2, "two"), result(d, 1, "one\n"), result(d, 3, error="bad page")])
+    assert txt == "one\n\ftwo\n\f[page 3 failed: bad page]\n"
+
+
+def test_jsonl_records(tmp_path):
+    d = doc(tmp_path, "r.pdf")
+    lines = render_jsonl([result(d, 2, error="vision stage failed: boom"), result(d, 1, "héllo wörld")]).splitlines()
+    first, second = map(json.loads, lines)
+    assert first == {
+        "doc": str(d.path),
+        "doc_id": d.doc_id,
+        "page": 1,
+        "text": "héllo wörld",
+        "n_tokens": 2,
+        "finish_reason": "eos",
+        "error": None,
+        "seconds": {"render": 0.01, "vision": 0.5, "prefill": 0.25, "decode": 1.5},
+    }
+    assert second["page"] == 2 and second["error"] == "vision stage failed: boom" and second["finish_reason"] is None
+    assert "héllo" in lines[0]  # UTF-8, not \\u escapes
+
+
+def test_write_document_all_formats_primary_last(tmp_path, monkeypatch):
+    d = doc(tmp_path, "sub/r.pdf")
+    paths = plan_output_paths([d], tmp_path / "out")[d.doc_id]
+    order = []
+    real = outputs.atomic_write_text
+    monkeypatch.setattr(outputs, "atomic_write_text", lambda p, t: (order.append(Path(p).name), real(p, t)))
+    written = write_document(paths, [result(d, 2, "b"), result(d, 1, "a")], ("md", "jsonl", "txt"), page_files=True)
+    assert order == ["page-0001.md", "page-0002.md", "r.jsonl", "r.txt", "r.md"]
+    assert [p.name for p in written] == order
+    assert (tmp_path / "out/sub/r/page-0002.md").read_text() == "<!-- page 2 -->\n\nb\n"
+    assert (tmp_path / "out/sub/r.md").read_text() == "<!-- page 1 -->\n\na\n\n<!-- page 2 -->\n\nb\n"
+    assert paths.exist(("md", "jsonl", "txt"))
+    os.unlink(paths.file("txt"))
+    assert not paths.exist(("md", "jsonl", "txt")) and paths.exist(("md",))

@@ -1,0 +1,320 @@
+"""pipeline.py with the FakeEngine: order, failures, batching, overlap, memory, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from fake_engine import SAMPLES, CrashingRender, FakeEngine, expected_text, make_samples_module, marked_pdf, vm_rss_kb
+from pantheon_ocr.errors import ExitCode, UsageError
+from pantheon_ocr.pipeline import run_pipeline
+from pantheon_ocr.pipeline_types import PageEngine, PipelineOptions, SamplingOptions, Seq
+from pantheon_ocr.render import expand_inputs
+
+ms = make_samples_module()
+
+
+def write_pdf(folder: Path, name: str, n_pages: int, doc_no: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(marked_pdf(n_pages, doc_no))
+    return path
+
+
+def options(tmp_path: Path, **kw) -> PipelineOptions:
+    kw.setdefault("render_workers", 2)
+    return PipelineOptions(out_dir=tmp_path / "out", **kw)
+
+
+def md_expected(pages: list[tuple[int, int]], n_tokens=None) -> str:
+    blocks = [f"<!-- page {p} -->\n\n{expected_text(d, p, n_tokens)}\n" for d, p in pages]
+    return "\n".join(blocks)
+
+
+def no_temp_files(folder: Path) -> bool:
+    return not [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
+
+
+def render_children() -> list:
+    return [p for p in multiprocessing.active_children() if p.name == "pantheon-render"]
+
+
+def test_fake_engine_implements_the_protocol():
+    engine = FakeEngine()
+    assert isinstance(engine, PageEngine)
+    seq = engine.prefill(engine.vision(Image.new("RGB", (100, 100), "white")), SamplingOptions())
+    assert isinstance(seq, Seq)
+
+
+def test_outputs_in_page_order_with_continuous_batching(tmp_path):
+    write_pdf(tmp_path / "in", "a.pdf", 7, doc_no=1)
+    write_pdf(tmp_path / "in" / "sub", "b.pdf", 3, doc_no=2)
+    Image.new("RGB", (120, 90), "white").save(tmp_path / "in" / "c.png")
+    docs = expand_inputs([str(tmp_path / "in")])
+    # Page 1 of a.pdf is long: later pages must overtake it and still be written in order.
+    # Decoding (20 ms a step) is slower than rendering, so pages queue up for slots.
+    engine = FakeEngine(n_tokens=lambda f: 40 if (f.doc, f.page) == (1, 1) else 3 + f.page % 5, step_sleep=0.02)
+    progress = []
+    summary = run_pipeline(
+        docs, engine, options(tmp_path, formats=("md", "jsonl", "txt"), page_files=True, batch_size=3), progress.append
+    )
+    out = tmp_path / "out"
+    assert summary.exit_code == ExitCode.OK and not summary.failed_pages and not summary.interrupted
+    assert [d.status for d in summary.documents] == ["written", "written", "written"]
+    assert [d.doc.path.name for d in summary.documents] == ["a.pdf", "c.png", "b.pdf"]
+    md_a = (out / "a.md").read_text()
+    assert md_a == "<!-- page 1 -->\n\n" + expected_text(1, 1, 40) + "\n\n" + md_expected([(1, p) for p in range(2, 8)])
+    assert (out / "sub" / "b.md").read_text() == md_expected([(2, p) for p in range(1, 4)])
+    assert (out / "c.md").read_text() == "<!-- page 1 -->\n\n" + expected_text(0, 0, 3) + "\n"  # no marks
+    assert (out / "a" / "page-0007.md").read_text() == md_expected([(1, 7)])
+    assert (out / "sub" / "b.txt").read_text().count("\f") == 2
+    records = [json.loads(line) for line in (out / "a.jsonl").read_text().splitlines()]
+    assert [r["page"] for r in records] == list(range(1, 8))
+    assert records[0]["n_tokens"] == 40 and records[0]["finish_reason"] == "eos"
+    assert all(r["seconds"]["render"] > 0 and r["seconds"]["decode"] > 0 for r in records)
+    assert {p.name for p in summary.documents[0].outputs} >= {"a.md", "a.jsonl", "a.txt", "page-0001.md"}
+    # continuous batching: never more than 3 together; page 1 shared batches with pages 4+
+    assert max(len(b) for b in engine.batches) == 3
+    assert any((1, 1) in b and (1, 5) in b for b in engine.batches)
+    # progress: a first call with the totals, then one per page, tokens add up
+    assert progress[0].pages_done == 0 and progress[0].pages_total == 11
+    assert [p.pages_done for p in progress[1:]] == list(range(1, 12))
+    assert progress[-1].tokens == summary.tokens == sum(len(b) for b in engine.batches)
+    assert summary.pages_done == 11 and no_temp_files(out) and not render_children()
+
+
+def test_corrupt_encrypted_and_empty_pdfs_among_good_ones(tmp_path):
+    good1 = write_pdf(tmp_path / "in", "good1.pdf", 2, doc_no=1)
+    bad = [shutil.copy(SAMPLES / n, tmp_path / "in" / n) for n in ("corrupt.pdf", "encrypted.pdf", "zero-pages.pdf")]
+    good2 = write_pdf(tmp_path / "in", "good2.pdf", 2, doc_no=2)
+    docs = expand_inputs([str(good1), *map(str, bad), str(good2)])
+    summary = run_pipeline(docs, FakeEngine(), options(tmp_path))
+    status = {d.doc.path.name: d.status for d in summary.documents}
+    assert status == {"good1.pdf": "written", "corrupt.pdf": "failed", "encrypted.pdf": "failed",
+                      "zero-pages.pdf": "failed", "good2.pdf": "written"}
+    reasons = {Path(f.path).name: (f.page, f.reason) for f in summary.failed_pages}
+    assert reasons == {
+        "corrupt.pdf": (None, "the PDF is damaged or truncated and cannot be opened"),
+        "encrypted.pdf": (None, "the PDF is encrypted: a password is needed (--password)"),
+        "zero-pages.pdf": (None, "the PDF has no pages"),
+    }
+    assert summary.exit_code == ExitCode.PAGES_FAILED
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good1.md", "good2.md"]
+    # with the password the encrypted one is read too
+    summary = run_pipeline(docs, FakeEngine(), options(tmp_path, password=ms.PASSWORD))
+    assert {d.doc.path.name: d.status for d in summary.documents}["encrypted.pdf"] == "written"
+    assert "Confidential" not in (tmp_path / "out" / "encrypted.md").read_text()  # fake engine text
+    assert (tmp_path / "out" / "encrypted.md").read_text().startswith("<!-- page 1 -->")
+
+
+def test_crashing_render_worker_costs_one_page(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 5, doc_no=1)
+    b = write_pdf(tmp_path / "in", "b.pdf", 2, doc_no=2)
+    hook = CrashingRender({("a.pdf", 2)}, mode="segv")
+    summary = run_pipeline(expand_inputs([str(a), str(b)]), FakeEngine(), options(tmp_path), render_fn=hook)
+    assert [d.status for d in summary.documents] == ["partial", "written"]
+    (failure,) = summary.failed_pages
+    assert (Path(failure.path).name, failure.page) == ("a.pdf", 3)
+    assert failure.reason == "the render worker crashed (killed by SIGSEGV)"
+    assert str(failure).endswith("a.pdf page 3: the render worker crashed (killed by SIGSEGV)")
+    md = (tmp_path / "out" / "a.md").read_text()
+    assert md == (
+        md_expected([(1, 1), (1, 2)]) + "\n<!-- page 3 failed: the render worker crashed (killed by SIGSEGV) -->\n\n"
+        + md_expected([(1, 4), (1, 5)])
+    )
+    assert summary.exit_code == ExitCode.PAGES_FAILED
+
+
+def test_engine_failures_and_looping_pages_do_not_stop_the_batch(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 8, doc_no=1)
+    engine = FakeEngine(
+        fail_vision=lambda f: f.page == 2,
+        fail_prefill=lambda f: f.page == 4,
+        loops=lambda f: f.page in (5, 6),
+        loop_limit=None,  # page 5 and 6 run into max_tokens
+    )
+    summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, batch_size=2, sampling=SamplingOptions(max_tokens=30)))
+    (outcome,) = summary.documents
+    assert outcome.status == "partial"
+    assert [(f.page, f.reason) for f in summary.failed_pages] == [
+        (2, "vision stage failed: RuntimeError: fake vision failure on doc 1 page 2"),
+        (4, "prefill failed: ValueError: fake prefill failure on doc 1 page 4"),
+    ]
+    md = (tmp_path / "out" / "a.md").read_text()
+    assert "<!-- page 5 stopped: max_tokens -->\n\ndoc 1 page 5: " + " ".join(["loop"] * 30) in md
+    assert "<!-- page 8 -->\n\n" + expected_text(1, 8) in md
+    # the engine's repetition guard
+    engine = FakeEngine(loops=lambda f: f.page == 1, loop_limit=12)
+    summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, overwrite=True, pages="1-2"))
+    md = (tmp_path / "out" / "a.md").read_text()
+    assert md.startswith("<!-- page 1 stopped: repetition -->") and summary.exit_code == ExitCode.OK
+
+
+class DecodeFailsOnce(FakeEngine):
+    def decode_step(self, seqs):
+        if any(s.features.page == 3 for s in seqs) and not getattr(self, "failed", False):
+            self.failed = {s.features.page for s in seqs}
+            raise MemoryError("fake out of memory")
+        super().decode_step(seqs)
+
+
+def test_failing_decode_step_fails_only_that_batch(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 6, doc_no=1)
+    engine = DecodeFailsOnce(n_tokens=lambda f: 4, step_sleep=0.02)
+    summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, batch_size=2))
+    failed = {f.page for f in summary.failed_pages}
+    assert failed == engine.failed and len(failed) == 2  # page 3 and its batch mate
+    assert all(f.reason == "decode step failed: MemoryError: fake out of memory" for f in summary.failed_pages)
+    assert summary.documents[0].status == "partial"
+
+
+def test_document_with_no_readable_page_writes_nothing(tmp_path):
+    write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    Image.new("RGB", (3, 3)).save(tmp_path / "in" / "speck.png")
+    summary = run_pipeline(expand_inputs([str(tmp_path / "in")]), FakeEngine(fail_vision=lambda f: True), options(tmp_path))
+    assert [d.status for d in summary.documents] == ["failed", "failed"]
+    assert [(Path(f.path).name, f.page) for f in summary.failed_pages] == [("a.pdf", 1), ("a.pdf", 2), ("a.pdf", 3), ("speck.png", 1)]
+    assert "too small to read (3x3 px)" in summary.failed_pages[-1].reason
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    assert summary.exit_code == ExitCode.INPUT_UNREADABLE
+
+
+def test_skip_existing_and_overwrite(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 2, doc_no=1)
+    docs = expand_inputs([str(a)])
+    run_pipeline(docs, FakeEngine(), options(tmp_path, formats=("md", "jsonl")))
+    engine = FakeEngine()
+    summary = run_pipeline(docs, engine, options(tmp_path, formats=("md", "jsonl")))
+    (outcome,) = summary.documents
+    assert outcome.status == "skipped" and outcome.note == "outputs exist" and engine.prefills == []
+    assert summary.exit_code == ExitCode.OK
+    # a missing secondary output means the set is incomplete: redo it
+    (tmp_path / "out" / "a.jsonl").unlink()
+    assert run_pipeline(docs, FakeEngine(), options(tmp_path, formats=("md", "jsonl"))).documents[0].status == "written"
+    (tmp_path / "out" / "a.md").write_text("stale")
+    engine = FakeEngine()
+    summary = run_pipeline(docs, engine, options(tmp_path, overwrite=True))
+    assert summary.documents[0].status == "written" and len(engine.prefills) == 2
+    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, 1), (1, 2)])
+
+
+def test_page_spec_is_clipped_per_document(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 10, doc_no=1)
+    b = write_pdf(tmp_path / "in", "b.pdf", 3, doc_no=2)
+    c = write_pdf(tmp_path / "in", "c.pdf", 1, doc_no=3)
+    summary = run_pipeline(expand_inputs([str(a), str(b), str(c)]), FakeEngine(), options(tmp_path, pages="2-3,9"))
+    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, 2), (1, 3), (1, 9)])
+    assert (tmp_path / "out" / "b.md").read_text() == md_expected([(2, 2), (2, 3)])
+    assert summary.documents[2].status == "skipped" and "no selected pages" in summary.documents[2].note
+    with pytest.raises(UsageError, match="bad page range"):
+        run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path, pages="3-1"))
+
+
+def overlapping(spans_a, spans_b) -> bool:
+    return any(a0 < b1 and b0 < a1 for a0, a1, _ in spans_a for b0, b1, _ in spans_b)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_switch(tmp_path, overlap):
+    a = write_pdf(tmp_path / "in", "a.pdf", 6, doc_no=1)
+    engine = FakeEngine(vision_sleep=0.05, step_sleep=0.01, n_tokens=lambda f: 8)
+    summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, overlap=overlap, batch_size=2))
+    assert summary.documents[0].status == "written"
+    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, p) for p in range(1, 7)], n_tokens=8)
+    vision_threads = {t for _, _, t in engine.vision_spans}
+    decode_threads = {t for _, _, t in engine.decode_spans}
+    if overlap:
+        assert vision_threads == {"pantheon-vision"} and decode_threads == {"pantheon-cpu"}
+        assert overlapping(engine.vision_spans, engine.decode_spans)
+    else:
+        assert vision_threads == decode_threads == {"pantheon-cpu"}
+        assert not overlapping(engine.vision_spans, engine.decode_spans)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_memory_stays_bounded_on_a_long_pdf(tmp_path):
+    n = 100
+    path = tmp_path / "long.pdf"
+    path.write_bytes(ms.numbered_pages(n))
+    # Rendering (2 workers) is faster than this vision stage, so without back-pressure
+    # rendered pages (1190 x 1540 RGB = 5.5 MB each) would pile up: ~550 MB for 100 pages.
+    engine = FakeEngine(vision_sleep=0.02, n_tokens=lambda f: 2)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], vm_rss_kb())
+            time.sleep(0.005)
+
+    base = vm_rss_kb()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        summary = run_pipeline(expand_inputs([str(path)]), engine, options(tmp_path, render_queue=4))
+    finally:
+        done.set()
+        sampler.join()
+    assert summary.documents[0].status == "written" and summary.pages_done == n
+    growth_mb = (peak[0] - base) / 1024
+    assert growth_mb < 150, f"RSS grew by {growth_mb:.0f} MB"
+
+
+def test_ctrl_c_keeps_finished_documents_and_writes_nothing_half(tmp_path):
+    first = write_pdf(tmp_path / "in", "first.pdf", 2, doc_no=1)
+    second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+    fired = []
+
+    def on_step(n):
+        # Ctrl-C from the terminal: SIGINT to the process, KeyboardInterrupt in the main thread.
+        if n == 30 and not fired:
+            fired.append(n)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    engine = FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 5)
+    t0 = time.monotonic()
+    summary = run_pipeline(
+        expand_inputs([str(first), str(second)]), engine, options(tmp_path, formats=("md", "jsonl"), page_files=True, batch_size=2)
+    )
+    assert time.monotonic() - t0 < 10
+    assert fired and summary.interrupted and summary.exit_code == ExitCode.INTERRUPTED
+    assert [d.status for d in summary.documents] == ["written", "interrupted"]
+    out = tmp_path / "out"
+    assert (out / "first.md").read_text() == md_expected([(1, 1), (1, 2)], n_tokens=5)
+    assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md"]
+    assert no_temp_files(out) and not render_children()
+    # the next run skips the finished document and completes the other one
+    summary = run_pipeline(expand_inputs([str(first), str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path))
+    assert [d.status for d in summary.documents] == ["skipped", "written"]
+
+
+class BrokenEngine(FakeEngine):
+    def prefill(self, features, sampling):
+        return object()  # not a Seq: a bug in the engine, not a page failure
+
+
+def test_engine_bug_is_raised_not_hidden(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    with pytest.raises(AttributeError):
+        run_pipeline(expand_inputs([str(a)]), BrokenEngine(), options(tmp_path))
+    assert not render_children()
+
+
+def test_options_are_validated():
+    with pytest.raises(UsageError, match="formats"):
+        PipelineOptions(out_dir="x", formats=("md", "html"))
+    with pytest.raises(UsageError, match="batch_size"):
+        PipelineOptions(out_dir="x", batch_size=0)
+    with pytest.raises(UsageError, match="top_p"):
+        SamplingOptions(top_p=0)
+    assert PipelineOptions(out_dir="x").out_dir == Path("x")

@@ -1,0 +1,362 @@
+"""render.py: inputs -> documents, page counting, page specs, rendering of PDFs and images."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from pathlib import Path, PurePath
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fake_engine import SAMPLES, make_samples_module
+from pantheon_ocr.errors import ExitCode, InputError, UsageError
+from pantheon_ocr.render import (
+    MAX_IMAGE_PIXELS,
+    Document,
+    count_pages,
+    expand_inputs,
+    make_document,
+    parse_pages,
+    render_page,
+    validate_page_spec,
+)
+
+ms = make_samples_module()
+
+
+def touch(path: Path, data: bytes = b"") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def test_expand_folder_recursive_sorted_filtered(tmp_path):
+    for rel in ["b.pdf", "a.PNG", "sub/c.jpg", "sub/deep/d.tiff", "notes.txt", ".hidden.pdf", ".git/x.pdf", "sub/._e.pdf"]:
+        touch(tmp_path / "in" / rel)
+    docs = expand_inputs([str(tmp_path / "in")])
+    assert [str(d.rel) for d in docs] == ["a.PNG", "b.pdf", "sub/c.jpg", "sub/deep/d.tiff"]
+    assert [d.kind for d in docs] == ["image", "pdf", "image", "image"]
+    assert all(d.path.is_absolute() for d in docs)
+
+
+def test_expand_files_globs_order_and_dedupe(tmp_path):
+    a = touch(tmp_path / "x" / "a.pdf")
+    touch(tmp_path / "x" / "b.webp")
+    touch(tmp_path / "x" / "y" / "c.bmp")
+    touch(tmp_path / "x" / "z.txt")
+    docs = expand_inputs([str(tmp_path / "x" / "b.webp"), str(tmp_path / "x" / "**" / "*"), str(a)])
+    assert [d.path.name for d in docs] == ["b.webp", "a.pdf", "c.bmp"]  # given order, then sorted, no repeats
+    assert docs[0].rel == PurePath("b.webp")
+    assert docs[2].rel == PurePath("y/c.bmp")  # relative to the glob's base folder
+
+
+def test_doc_id_is_stable_and_distinct(tmp_path):
+    a, b = touch(tmp_path / "1" / "r.pdf"), touch(tmp_path / "2" / "r.pdf")
+    d1, d2 = expand_inputs([str(a), str(b)])
+    assert d1.doc_id == make_document(a).doc_id == expand_inputs([str(a)])[0].doc_id
+    assert d1.doc_id != d2.doc_id and len(d1.doc_id) == 16
+    with pytest.raises(Exception):
+        d1.kind = "image"  # frozen
+
+
+@pytest.mark.parametrize(
+    "item, problem",
+    [
+        ("missing.pdf", "no such file or folder"),
+        ("*.nothing", "no PDF or image files match this pattern"),
+        ("empty", "folder contains no PDF or image files"),
+        ("notes.txt", "not a PDF or a supported image"),
+    ],
+)
+def test_expand_errors_name_the_input(tmp_path, monkeypatch, item, problem):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    touch(tmp_path / "empty" / "readme.txt")
+    touch(tmp_path / "notes.txt", b"hello")
+    with pytest.raises(InputError) as e:
+        expand_inputs([item])
+    assert e.value.path == item and problem in e.value.problem
+    assert e.value.exit_code == ExitCode.INPUT_UNREADABLE
+
+
+def test_named_file_with_odd_extension_is_sniffed(tmp_path):
+    pdf = touch(tmp_path / "download.bin", (SAMPLES / "text-1page.pdf").read_bytes())
+    png = tmp_path / "picture"
+    Image.new("RGB", (40, 40)).save(png, "PNG")
+    assert [d.kind for d in expand_inputs([str(pdf), str(png)])] == ["pdf", "image"]
+
+
+# ------------------------------------------------------------------------------- pages
+
+
+def test_count_pages(tmp_path):
+    assert count_pages(make_document(SAMPLES / "text-1page.pdf")) == 1
+    assert count_pages(make_document(SAMPLES / "report-3pages.pdf")) == 3
+    assert count_pages(make_document(SAMPLES / "encrypted.pdf"), password=ms.PASSWORD) == 1
+    frames = [Image.new("L", (64, 48), 40 * i) for i in range(3)]
+    frames[0].save(tmp_path / "multi.tif", save_all=True, append_images=frames[1:])
+    Image.new("RGB", (30, 30)).save(tmp_path / "one.png")
+    assert count_pages(make_document(tmp_path / "multi.tif")) == 3
+    assert count_pages(make_document(tmp_path / "one.png")) == 1
+
+
+@pytest.mark.parametrize(
+    "spec, n, expected",
+    [
+        ("1-3,7", 10, [0, 1, 2, 6]),
+        (" 2 , 2-3 ", 5, [1, 2]),
+        ("4-", 6, [3, 4, 5]),
+        ("-2", 6, [0, 1]),
+        ("7,1", 7, [0, 6]),
+        (None, 3, [0, 1, 2]),
+        ("all", 2, [0, 1]),
+        ("", 2, [0, 1]),
+    ],
+)
+def test_parse_pages(spec, n, expected):
+    assert parse_pages(spec, n) == expected
+
+
+@pytest.mark.parametrize("spec", ["0", "3-1", "a", "1-2-3", "1,,2", "-", "1.5", "2-0"])
+def test_parse_pages_rejects_bad_specs(spec):
+    with pytest.raises(UsageError) as e:
+        parse_pages(spec, 10)
+    assert repr(spec) in str(e.value) and "pages start at 1" in str(e.value)
+    with pytest.raises(UsageError):
+        validate_page_spec(spec)
+
+
+def test_parse_pages_range_check_and_clip():
+    with pytest.raises(UsageError, match="page 9 is out of range: the document has 7 pages"):
+        parse_pages("1-9", 7)
+    assert parse_pages("1-9", 7, clip=True) == list(range(7))
+    assert parse_pages("8-9", 7, clip=True) == []
+
+
+# ----------------------------------------------------------------------------- PDFs
+
+
+def test_render_pdf_straight_at_target_size():
+    doc = make_document(SAMPLES / "report-3pages.pdf")
+    img = render_page(doc, 1)
+    assert img.mode == "RGB" and img.size == (1190, 1540)  # 612x792 pt, longer side exactly 1540
+    assert render_page(doc, 0, longest_edge=1000).size == (773, 1000)
+    a = np.asarray(img)
+    assert a.min() < 50 and np.median(a) == 255  # black text and lines on white paper
+
+
+def test_render_pdf_landscape_and_rotated_pages(tmp_path):
+    path = tmp_path / "rot.pdf"
+    path.write_bytes(ms.build_pdf([ms.Canvas(), ms.Canvas(), ms.Canvas()], size=(842, 595), rotate={1: 90}))
+    doc = make_document(path)
+    assert render_page(doc, 0).size == (1540, 1089)  # 595 * 1540 / 842 = 1088.3, rounded up
+    assert render_page(doc, 1).size == (1089, 1540)  # /Rotate 90 swaps the sides
+
+
+def test_render_pdf_odd_sizes_are_exact(tmp_path):
+    path = tmp_path / "odd.pdf"
+    sizes = [(595.28, 841.89), (100.3, 7000.7), (1.5, 1.2)]
+    path.write_bytes(b"")
+    for w, h in sizes:
+        path.write_bytes(ms.build_pdf([ms.Canvas()], size=(w, h)))
+        img = render_page(make_document(path), 0, longest_edge=1540)
+        assert max(img.size) == 1540
+
+
+def test_render_pdf_too_narrow_page(tmp_path):
+    path = tmp_path / "strip.pdf"
+    path.write_bytes(ms.build_pdf([ms.Canvas()], size=(5000, 10)))
+    with pytest.raises(InputError, match="too narrow") as e:
+        render_page(make_document(path), 0)
+    assert e.value.page == 1
+
+
+def test_encrypted_pdf():
+    doc = make_document(SAMPLES / "encrypted.pdf")
+    with pytest.raises(InputError, match="encrypted: a password is needed"):
+        count_pages(doc)
+    with pytest.raises(InputError, match="wrong password"):
+        render_page(doc, 0, password="nope")
+    img = render_page(doc, 0, password=ms.PASSWORD)
+    assert np.asarray(img).min() < 50
+    # a password given for a PDF that has none does no harm
+    assert render_page(make_document(SAMPLES / "text-1page.pdf"), 0, 200, password="x").size[1] == 200
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [("corrupt.pdf", "damaged or truncated"), ("zero-pages.pdf", "the PDF has no pages")],
+)
+def test_broken_pdfs(name, problem):
+    doc = make_document(SAMPLES / name)
+    for call in (lambda: count_pages(doc), lambda: render_page(doc, 0)):
+        with pytest.raises(InputError) as e:
+            call()
+        assert problem in e.value.problem and e.value.path == str(doc.path)
+
+
+def test_pdf_error_text_is_not_stale():
+    # PDFium keeps its last error code across calls: a zero-page PDF opened after an
+    # encrypted one must not be reported as a password problem.
+    with pytest.raises(InputError, match="password"):
+        count_pages(make_document(SAMPLES / "encrypted.pdf"))
+    with pytest.raises(InputError, match="no pages"):
+        count_pages(make_document(SAMPLES / "zero-pages.pdf"))
+    with pytest.raises(InputError, match="damaged"):
+        count_pages(make_document(SAMPLES / "corrupt.pdf"))
+
+
+def test_not_a_pdf_and_missing_page(tmp_path):
+    fake = touch(tmp_path / "fake.pdf", b"this is not a pdf at all")
+    with pytest.raises(InputError, match="not a PDF file"):
+        count_pages(make_document(fake))
+    with pytest.raises(InputError, match="page 4 does not exist") as e:
+        render_page(make_document(SAMPLES / "report-3pages.pdf"), 3)
+    assert e.value.page == 4
+    gone = make_document(touch(tmp_path / "gone.pdf"))
+    os.unlink(gone.path)
+    with pytest.raises(InputError, match="cannot read file"):
+        render_page(gone, 0)
+
+
+def test_changed_pdf_is_reopened(tmp_path):
+    path = tmp_path / "grow.pdf"
+    path.write_bytes(ms.numbered_pages(1))
+    doc = make_document(path)
+    assert count_pages(doc) == 1
+    path.write_bytes(ms.numbered_pages(4))
+    os.utime(path, ns=(1, 10**18))  # a different mtime even on coarse clocks
+    assert count_pages(doc) == 4
+
+
+def test_scanned_sample_renders():
+    img = render_page(make_document(SAMPLES / "scanned.pdf"), 0)
+    assert img.size == (1190, 1540)
+    assert 150 < np.asarray(img).mean() < 245  # grey paper with dark text
+
+
+def test_samples_are_small():
+    sizes = {p.name: p.stat().st_size for p in SAMPLES.glob("*.pdf")}
+    assert set(ms.SAMPLES) <= set(sizes)
+    assert max(sizes.values()) < 100_000
+
+
+def test_make_samples_is_deterministic(tmp_path):
+    ms.main(str(tmp_path))
+    for name in ms.SAMPLES:
+        assert (tmp_path / name).read_bytes() == (SAMPLES / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------------------- images
+
+
+def save(img: Image.Image, path: Path, **kw) -> Document:
+    img.save(path, **kw)
+    return make_document(path)
+
+
+def test_image_passthrough_and_downscale(tmp_path):
+    small = save(Image.new("RGB", (300, 200), (10, 20, 30)), tmp_path / "s.png")
+    assert render_page(small, 0).size == (300, 200)  # never upscaled
+    big = save(Image.new("RGB", (20000, 1000), "white"), tmp_path / "wide.png")
+    assert render_page(big, 0).size == (1540, 77)
+
+
+def test_huge_jpeg_uses_draft_and_lands_on_target(tmp_path):
+    doc = save(Image.new("RGB", (6400, 4800), (200, 200, 200)), tmp_path / "big.jpg", quality=50)
+    img = render_page(doc, 0)
+    assert img.size == (1540, 1155) and img.mode == "RGB"
+
+
+def test_exif_orientation(tmp_path):
+    img = Image.new("RGB", (120, 60), "white")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 cw when displayed
+    doc = save(img, tmp_path / "phone.jpg", exif=exif.tobytes())
+    assert render_page(doc, 0).size == (60, 120)
+
+
+def test_alpha_is_composited_on_white(tmp_path):
+    rgba = Image.new("RGBA", (40, 40), (0, 0, 0, 0))
+    rgba.paste((0, 0, 0, 255), (0, 0, 20, 40))
+    out = np.asarray(render_page(save(rgba, tmp_path / "a.png"), 0))
+    assert out[:, :20].max() == 0 and out[:, 20:].min() == 255
+    la = Image.new("LA", (40, 40), (0, 0))
+    assert np.asarray(render_page(save(la, tmp_path / "la.png"), 0)).min() == 255
+    pal = Image.new("P", (40, 40), 0)
+    pal.putpalette([0, 0, 0, 255, 0, 0])
+    pal.info["transparency"] = 0
+    assert np.asarray(render_page(save(pal, tmp_path / "p.png", transparency=0), 0)).min() == 255
+
+
+def test_palette_cmyk_bilevel_and_16_bit(tmp_path):
+    pal = Image.new("P", (32, 32), 1)
+    pal.putpalette([0, 0, 0, 255, 0, 0])
+    assert render_page(save(pal, tmp_path / "p.bmp"), 0).getpixel((3, 3)) == (255, 0, 0)
+    cmyk = Image.new("CMYK", (32, 32), (0, 0, 0, 255))
+    assert render_page(save(cmyk, tmp_path / "c.tif"), 0).getpixel((3, 3)) == (0, 0, 0)
+    assert render_page(save(Image.new("1", (32, 32), 1), tmp_path / "b.tif"), 0).getpixel((0, 0)) == (255, 255, 255)
+    ramp = (np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16)
+    doc = save(Image.fromarray(ramp), tmp_path / "g16.png")
+    out = np.asarray(render_page(doc, 0))[..., 0]
+    assert out.min() == 0 and out.max() == 255  # 65520 / 257 = 254.9
+    assert abs(int(out[32, 0]) - round(ramp[32, 0] / 257)) <= 1
+
+
+def test_float_and_int32_data_are_scaled(tmp_path):
+    f = Image.fromarray(np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32), "F")
+    out = np.asarray(render_page(save(f, tmp_path / "f.tif"), 0))
+    assert out.min() == 0 and out.max() == 255
+    i = Image.fromarray((np.arange(32 * 32, dtype=np.int32).reshape(32, 32) - 500) * 1000, "I")
+    out = np.asarray(render_page(save(i, tmp_path / "i.tif"), 0))
+    assert out.min() == 0 and out.max() == 255
+
+
+def test_multipage_tiff_frames(tmp_path):
+    frames = [Image.new("L", (64, 48), v) for v in (0, 128, 255)]
+    frames[0].save(tmp_path / "m.tif", save_all=True, append_images=frames[1:])
+    doc = make_document(tmp_path / "m.tif")
+    assert [render_page(doc, i).getpixel((1, 1))[0] for i in range(3)] == [0, 128, 255]
+    with pytest.raises(InputError, match="page 4 does not exist"):
+        render_page(doc, 3)
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+
+
+def test_tiny_and_bomb_images(tmp_path):
+    with pytest.raises(InputError, match=r"too small to read \(1x1 px\)") as e:
+        render_page(save(Image.new("RGB", (1, 1)), tmp_path / "dot.png"), 0)
+    assert e.value.page == 1
+    with pytest.raises(InputError, match="too narrow"):
+        render_page(save(Image.new("L", (40000, 20), 255), tmp_path / "line.png"), 0)
+    # A PNG whose header claims 20000 x 20000 px: refused before any pixel is decoded.
+    assert 20000 * 20000 > MAX_IMAGE_PIXELS
+    doc = make_document(touch(tmp_path / "bomb.png", png_header_only(20000, 20000)))
+    with pytest.raises(InputError, match="decompression bomb"):
+        render_page(doc, 0)
+    with pytest.raises(InputError, match="decompression bomb"):
+        count_pages(doc)
+
+
+def test_damaged_images(tmp_path):
+    buf = io.BytesIO()
+    Image.effect_noise((300, 300), 60).convert("RGB").save(buf, "PNG")
+    truncated = touch(tmp_path / "cut.png", buf.getvalue()[: len(buf.getvalue()) // 2])
+    with pytest.raises(InputError, match="damaged"):
+        render_page(make_document(truncated), 0)
+    junk = touch(tmp_path / "junk.jpg", b"\xff\xd8 not really a jpeg")
+    with pytest.raises(InputError, match="not a readable image"):
+        render_page(make_document(junk), 0)

@@ -1,0 +1,126 @@
+"""render_pool.py: supervised render workers (crash isolation, timeouts, back-pressure)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from fake_engine import CrashingRender, SAMPLES, SlowRender, marked_pdf, pid_after, read_marks, square
+from pantheon_ocr.errors import InputError
+from pantheon_ocr.render import count_pages, make_document, render_page
+from pantheon_ocr.render_pool import RenderPool, WorkerError
+
+
+@pytest.fixture
+def pdf10(tmp_path):
+    path = tmp_path / "ten.pdf"
+    path.write_bytes(marked_pdf(10, doc_no=2))
+    return make_document(path)
+
+
+@pytest.mark.parametrize("mode", ["segv", "exit"])
+def test_crash_costs_only_that_page(pdf10, mode):
+    hook = CrashingRender({("ten.pdf", 3), ("ten.pdf", 7)}, mode=mode)
+    with RenderPool(workers=2) as pool:
+        outcomes = list(pool.imap(hook, [(pdf10, i, 400) for i in range(10)]))
+        assert [o.index for o in outcomes] == list(range(10))  # in submission order
+        for o in outcomes:
+            if o.index in (3, 7):
+                assert isinstance(o.error, WorkerError) and o.error.crashed and o.value is None
+                assert "render worker crashed" in o.error.problem
+                assert ("SIGSEGV" if mode == "segv" else "exit code 3") in o.error.problem
+            else:
+                assert o.error is None and read_marks(o.value) == (2, o.index + 1)
+                assert o.value.size == (310, 400) and o.seconds > 0
+        assert pool.restarts == 2
+        # the replacement workers keep working
+        assert [o.value for o in pool.imap(square, [(3,), (4,)])] == [9, 16]
+
+
+def test_input_errors_and_exceptions_come_back_as_data(tmp_path):
+    with RenderPool(workers=1) as pool:
+        out = list(
+            pool.imap(
+                count_pages,
+                [(make_document(SAMPLES / "encrypted.pdf"), None), (make_document(SAMPLES / "report-3pages.pdf"), None)],
+            )
+        )
+        assert isinstance(out[0].error, InputError) and "password" in out[0].error.problem
+        assert out[0].error.path == str(SAMPLES / "encrypted.pdf")
+        assert out[1].value == 3
+        bad = list(pool.imap(square, [("x",)]))[0]
+        assert isinstance(bad.error, WorkerError) and not bad.error.crashed
+        assert bad.error.problem.startswith("TypeError")
+        assert pool.restarts == 0
+
+
+def test_render_errors_name_the_page():
+    doc = make_document(SAMPLES / "report-3pages.pdf")
+    with RenderPool(workers=1) as pool:
+        (o,) = pool.imap(render_page, [(doc, 5, 200, None)])
+    assert isinstance(o.error, InputError) and o.error.page == 6 and "does not exist" in o.error.problem
+
+
+def test_hung_worker_is_killed_after_timeout(pdf10):
+    hook = CrashingRender({("ten.pdf", 1)}, mode="hang")
+    t0 = time.monotonic()
+    with RenderPool(workers=2, timeout=1.5) as pool:
+        outcomes = list(pool.imap(hook, [(pdf10, i, 200) for i in range(4)]))
+    assert time.monotonic() - t0 < 10
+    assert "longer than 1.5 s" in outcomes[1].error.problem
+    assert [o.error for o in outcomes if o.index != 1] == [None, None, None]
+
+
+def test_back_pressure_bounds_work_in_flight():
+    pulled = 0
+    lock = threading.Lock()
+
+    def items():
+        nonlocal pulled
+        for i in range(40):
+            with lock:
+                pulled += 1
+            yield (i,)
+
+    with RenderPool(workers=2, max_in_flight=3) as pool:
+        consumed = 0
+        for o in pool.imap(square, items()):
+            assert o.value == o.index**2
+            consumed += 1
+            assert pulled - consumed <= 3 - 1  # at most 3 outstanding, this one just left
+            time.sleep(0.005)  # a slow consumer
+    assert consumed == 40
+
+
+def test_stop_event_and_abandoned_imap_leave_no_stale_results(pdf10):
+    stop = threading.Event()
+    with RenderPool(workers=2) as pool:
+        got = []
+        for o in pool.imap(SlowRender(0.3), [(pdf10, i, 100) for i in range(10)], stop):
+            got.append(o.index)
+            stop.set()
+        assert got == [0]
+        # the slow tasks still running were abandoned with their workers
+        assert [o.value for o in pool.imap(square, [(i,) for i in range(5)])] == [0, 1, 4, 9, 16]
+
+
+def test_workers_ignore_sigint_and_close_ends_them():
+    pool = RenderPool(workers=2)
+    assert [o.value for o in pool.imap(square, [(1,), (2,)])] == [1, 4]  # workers are up
+    pids = {w.process.pid for w in pool._workers}
+    # Ctrl-C in a terminal sends SIGINT to the whole process group, workers included.
+    timer = threading.Timer(0.2, lambda: [os.kill(pid, signal.SIGINT) for pid in pids])
+    timer.start()
+    outcomes = list(pool.imap(pid_after, [(0.6,), (0.6,)]))
+    timer.join()
+    assert [o.error for o in outcomes] == [None, None]
+    assert {o.value for o in outcomes} == pids and pool.restarts == 0
+    processes = [w.process for w in pool._workers]
+    pool.close()
+    assert not any(p.is_alive() for p in processes)
+    with pytest.raises(RuntimeError, match="closed"):
+        next(pool.imap(square, [(1,)]))

@@ -345,12 +345,12 @@ def zero_pages() -> bytes:
 
 
 SAMPLES = {
-    "text-1page.pdf": text_1page,
-    "report-3pages.pdf": report_3pages,
-    "scanned.pdf": scanned,
-    "encrypted.pdf": encrypted,
-    "corrupt.pdf": corrupt,
-    "zero-pages.pdf": zero_pages,
+    "docs/text-1page.pdf": text_1page,
+    "docs/report-3pages.pdf": report_3pages,
+    "docs/scanned.pdf": scanned,
+    "bad/encrypted.pdf": encrypted,
+    "bad/corrupt.pdf": corrupt,
+    "bad/zero-pages.pdf": zero_pages,
 }
 
 
@@ -359,6 +359,7 @@ def main(out_dir: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, make in SAMPLES.items():
         data = make()
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
         print(f"{out / name}  {len(data):,} bytes")
 

@@ -95,7 +95,7 @@ def test_outputs_in_page_order_with_continuous_batching(tmp_path):
 
 def test_corrupt_encrypted_and_empty_pdfs_among_good_ones(tmp_path):
     good1 = write_pdf(tmp_path / "in", "good1.pdf", 2, doc_no=1)
-    bad = [shutil.copy(SAMPLES / n, tmp_path / "in" / n) for n in ("corrupt.pdf", "encrypted.pdf", "zero-pages.pdf")]
+    bad = [shutil.copy(SAMPLES / "bad" / n, tmp_path / "in" / n) for n in ("corrupt.pdf", "encrypted.pdf", "zero-pages.pdf")]
     good2 = write_pdf(tmp_path / "in", "good2.pdf", 2, doc_no=2)
     docs = expand_inputs([str(good1), *map(str, bad), str(good2)])
     summary = run_pipeline(docs, FakeEngine(), options(tmp_path))

@@ -87,7 +87,7 @@ def test_expand_errors_name_the_input(tmp_path, monkeypatch, item, problem):
 
 
 def test_named_file_with_odd_extension_is_sniffed(tmp_path):
-    pdf = touch(tmp_path / "download.bin", (SAMPLES / "text-1page.pdf").read_bytes())
+    pdf = touch(tmp_path / "download.bin", (SAMPLES / "docs/text-1page.pdf").read_bytes())
     png = tmp_path / "picture"
     Image.new("RGB", (40, 40)).save(png, "PNG")
     assert [d.kind for d in expand_inputs([str(pdf), str(png)])] == ["pdf", "image"]
@@ -97,9 +97,9 @@ def test_named_file_with_odd_extension_is_sniffed(tmp_path):
 
 
 def test_count_pages(tmp_path):
-    assert count_pages(make_document(SAMPLES / "text-1page.pdf")) == 1
-    assert count_pages(make_document(SAMPLES / "report-3pages.pdf")) == 3
-    assert count_pages(make_document(SAMPLES / "encrypted.pdf"), password=ms.PASSWORD) == 1
+    assert count_pages(make_document(SAMPLES / "docs/text-1page.pdf")) == 1
+    assert count_pages(make_document(SAMPLES / "docs/report-3pages.pdf")) == 3
+    assert count_pages(make_document(SAMPLES / "bad/encrypted.pdf"), password=ms.PASSWORD) == 1
     frames = [Image.new("L", (64, 48), 40 * i) for i in range(3)]
     frames[0].save(tmp_path / "multi.tif", save_all=True, append_images=frames[1:])
     Image.new("RGB", (30, 30)).save(tmp_path / "one.png")
@@ -144,7 +144,7 @@ def test_parse_pages_range_check_and_clip():
 
 
 def test_render_pdf_straight_at_target_size():
-    doc = make_document(SAMPLES / "report-3pages.pdf")
+    doc = make_document(SAMPLES / "docs/report-3pages.pdf")
     img = render_page(doc, 1)
     assert img.mode == "RGB" and img.size == (1190, 1540)  # 612x792 pt, longer side exactly 1540
     assert render_page(doc, 0, longest_edge=1000).size == (773, 1000)
@@ -179,7 +179,7 @@ def test_render_pdf_too_narrow_page(tmp_path):
 
 
 def test_encrypted_pdf():
-    doc = make_document(SAMPLES / "encrypted.pdf")
+    doc = make_document(SAMPLES / "bad/encrypted.pdf")
     with pytest.raises(InputError, match="encrypted: a password is needed"):
         count_pages(doc)
     with pytest.raises(InputError, match="wrong password"):
@@ -187,7 +187,7 @@ def test_encrypted_pdf():
     img = render_page(doc, 0, password=ms.PASSWORD)
     assert np.asarray(img).min() < 50
     # a password given for a PDF that has none does no harm
-    assert render_page(make_document(SAMPLES / "text-1page.pdf"), 0, 200, password="x").size[1] == 200
+    assert render_page(make_document(SAMPLES / "docs/text-1page.pdf"), 0, 200, password="x").size[1] == 200
 
 
 @pytest.mark.parametrize(
@@ -195,7 +195,7 @@ def test_encrypted_pdf():
     [("corrupt.pdf", "damaged or truncated"), ("zero-pages.pdf", "the PDF has no pages")],
 )
 def test_broken_pdfs(name, problem):
-    doc = make_document(SAMPLES / name)
+    doc = make_document(SAMPLES / "bad" / name)
     for call in (lambda: count_pages(doc), lambda: render_page(doc, 0)):
         with pytest.raises(InputError) as e:
             call()
@@ -206,11 +206,11 @@ def test_pdf_error_text_is_not_stale():
     # PDFium keeps its last error code across calls: a zero-page PDF opened after an
     # encrypted one must not be reported as a password problem.
     with pytest.raises(InputError, match="password"):
-        count_pages(make_document(SAMPLES / "encrypted.pdf"))
+        count_pages(make_document(SAMPLES / "bad/encrypted.pdf"))
     with pytest.raises(InputError, match="no pages"):
-        count_pages(make_document(SAMPLES / "zero-pages.pdf"))
+        count_pages(make_document(SAMPLES / "bad/zero-pages.pdf"))
     with pytest.raises(InputError, match="damaged"):
-        count_pages(make_document(SAMPLES / "corrupt.pdf"))
+        count_pages(make_document(SAMPLES / "bad/corrupt.pdf"))
 
 
 def test_not_a_pdf_and_missing_page(tmp_path):
@@ -218,7 +218,7 @@ def test_not_a_pdf_and_missing_page(tmp_path):
     with pytest.raises(InputError, match="not a PDF file"):
         count_pages(make_document(fake))
     with pytest.raises(InputError, match="page 4 does not exist") as e:
-        render_page(make_document(SAMPLES / "report-3pages.pdf"), 3)
+        render_page(make_document(SAMPLES / "docs/report-3pages.pdf"), 3)
     assert e.value.page == 4
     gone = make_document(touch(tmp_path / "gone.pdf"))
     os.unlink(gone.path)
@@ -237,13 +237,13 @@ def test_changed_pdf_is_reopened(tmp_path):
 
 
 def test_scanned_sample_renders():
-    img = render_page(make_document(SAMPLES / "scanned.pdf"), 0)
+    img = render_page(make_document(SAMPLES / "docs/scanned.pdf"), 0)
     assert img.size == (1190, 1540)
     assert 150 < np.asarray(img).mean() < 245  # grey paper with dark text
 
 
 def test_samples_are_small():
-    sizes = {p.name: p.stat().st_size for p in SAMPLES.glob("*.pdf")}
+    sizes = {p.relative_to(SAMPLES).as_posix(): p.stat().st_size for p in SAMPLES.rglob("*.pdf")}
     assert set(ms.SAMPLES) <= set(sizes)
     assert max(sizes.values()) < 100_000
 

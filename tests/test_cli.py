@@ -1,0 +1,159 @@
+"""The CLI end to end on the real sample PDFs with the real engine (the tiny random LightOnOCR)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "samples" / "docs"
+BAD = ROOT / "samples" / "bad"
+MODEL = ROOT / "samples" / "tiny-model"
+
+
+def run(*args, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def transcribe(*args, out, max_tokens=8):
+    return run("transcribe", *args, "--model", MODEL, "-o", out, "--max-tokens", max_tokens, "--no-progress")
+
+
+def markers(md: str) -> list[int]:
+    return [int(line.split()[2]) for line in md.splitlines() if line.startswith("<!-- page ")]
+
+
+def test_help_is_instant_and_lists_commands():
+    code, out, _ = run("--help")
+    assert code == 0 and all(c in out for c in ("transcribe", "archive", "bench", "inspect", "generate"))
+    # --help must not import the engine or numpy
+    probe = "import sys, pantheon_ocr.cli as c; c.main(['--help']); print('numpy' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.stdout.strip().endswith("False")
+
+
+def test_transcribe_sample_docs(tmp_path):
+    code, _, err = transcribe(DOCS, "--format", "md", "--format", "jsonl", out=tmp_path)
+    assert code == 0, err
+    assert "meaningless" in err  # the tiny random model says so
+    for name, n_pages in [("text-1page", 1), ("report-3pages", 3), ("scanned", 1)]:
+        md = (tmp_path / f"{name}.md").read_text()
+        assert markers(md) == list(range(1, n_pages + 1))
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert [r["page"] for r in records] == list(range(1, n_pages + 1))
+        for r in records:
+            assert r["finish_reason"] in ("eos", "max_tokens", "repetition") and r["n_tokens"] <= 8
+            assert set(r["seconds"]) >= {"render", "vision", "prefill", "decode"}
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+def test_pages_option_and_skip_existing(tmp_path):
+    code, _, err = transcribe(DOCS / "report-3pages.pdf", "--pages", "2-3", out=tmp_path)
+    assert code == 0, err
+    assert markers((tmp_path / "report-3pages.md").read_text()) == [2, 3]
+    before = (tmp_path / "report-3pages.md").stat().st_mtime_ns
+    code, _, err = transcribe(DOCS / "report-3pages.pdf", "--pages", "2-3", out=tmp_path)
+    assert code == 0 and "skipped" in err
+    assert (tmp_path / "report-3pages.md").stat().st_mtime_ns == before
+
+
+def test_bad_documents_do_not_stop_the_batch(tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for p in [DOCS / "text-1page.pdf", BAD / "corrupt.pdf", BAD / "encrypted.pdf", BAD / "zero-pages.pdf"]:
+        shutil.copy(p, inputs / p.name)
+    code, _, err = transcribe(inputs, out=tmp_path / "out")
+    assert code == 1, err  # some pages failed, the others were written
+    assert (tmp_path / "out" / "text-1page.md").exists()
+    for name in ("corrupt.pdf", "encrypted.pdf", "zero-pages.pdf"):
+        assert name in err
+    assert "password" in err
+
+
+def test_encrypted_pdf_with_password(tmp_path):
+    code, _, err = transcribe(BAD / "encrypted.pdf", "--password", "pantheon", out=tmp_path)
+    assert code == 0, err
+    assert markers((tmp_path / "encrypted.md").read_text()) == [1]
+
+
+def test_looping_page_is_stopped_by_the_repetition_guard(tmp_path):
+    """The random tiny model repeats one token forever: the guard stops it before max tokens."""
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path,
+                       "--max-tokens", 500, "--format", "jsonl", "--no-progress")
+    assert code == 0, err
+    record = json.loads((tmp_path / "text-1page.jsonl").read_text())
+    assert record["finish_reason"] == "repetition" and record["n_tokens"] < 500
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["transcribe", "samples/docs"], 2, "no model given"),
+    (["transcribe", "nothing-here.pdf", "--model", "samples/tiny-model"], 4, "nothing-here.pdf"),
+    (["transcribe", "samples/docs", "--model", "samples/tiny-model", "--pages", "3-1"], 2, "3-1"),
+    (["transcribe", "samples/docs", "--model", "samples/docs/text-1page.pdf", "--mmproj", "x.gguf"], 3, "x.gguf"),
+    (["transcribe", "samples/docs", "--model", "samples/tiny-model", "--batch-size", "0"], 2, "batch-size"),
+])
+def test_clear_errors_and_exit_codes(args, code, needle):
+    got, out, err = run(*args)
+    assert got == code, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert any(needle in line for line in lines) and "Traceback" not in err
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    """SIGINT mid-run: exit 130, no half-written file; finished documents stay complete."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(6):
+        shutil.copy(DOCS / "report-3pages.pdf", inputs / f"doc{i}.pdf")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(inputs), "--model",
+                             str(MODEL), "-o", str(out), "--max-tokens", "30", "--no-progress", "--batch-size", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(out.glob("*.md")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert not [p for p in out.rglob("*") if p.is_file() and p.suffix != ".md"]
+    for md in out.glob("*.md"):
+        assert markers(md.read_text()) == [1, 2, 3]
+    assert len(list(out.glob("*.md"))) < 6
+
+
+def _smollm2():
+    from pantheon_ocr.errors import ModelError
+    from pantheon_ocr.pypi_models import smollm2_path
+
+    try:
+        return smollm2_path()
+    except ModelError as exc:
+        pytest.skip(str(exc))
+
+
+def test_generate_streams_a_chat_answer():
+    code, out, err = run("generate", "--model", _smollm2(), "--prompt", "What is the capital of France?",
+                         "--chat", "--max-tokens", "20")
+    assert code == 0, err
+    assert "Paris" in out
+
+
+def test_inspect_json():
+    code, out, err = run("inspect", _smollm2(), "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["architecture"] == "llama" and info["config"]["n_layer"] == 30
+    assert info["types"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
+    assert info["memory_bytes"]["quantized"] < info["memory_bytes"]["f32"]
+    code, out, _ = run("inspect", MODEL / "mmproj.gguf", "--json")
+    assert code == 0 and json.loads(out)["architecture"] == "clip"

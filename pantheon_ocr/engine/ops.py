@@ -13,6 +13,11 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     return y * weight if weight is not None else y
 
 
+def add_bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """y + b for the optional biases a GGUF may carry (most projections have none)."""
+    return y + b if b is not None else y
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     # exp of a large negative overflows to inf, giving x/inf = -0: the right limit, no NaN.
     with np.errstate(over="ignore"):

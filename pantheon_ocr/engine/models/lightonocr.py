@@ -20,10 +20,10 @@ import numpy as np
 from ...errors import ModelError
 from ..gguf import GGUFFile, meta, open_gguf
 from ..attention import flash_attention
-from ..ops import gelu_erf, rmsnorm
+from ..ops import add_bias, gelu_erf, rmsnorm
 from ..preprocess import ImageSource, preprocess
 from ..weights import Storage, WeightLoader
-from .pixtral import PixtralVision, VisionConfig, vision_config
+from .pixtral import PixtralVision, VisionConfig, _keep, vision_config
 
 IMAGE_TOKEN = "<|image_pad|>"
 # The prompt, as vocabulary pieces (byte-level BPE spelling: "Ċ" is "\n"); None marks the image run.
@@ -67,9 +67,9 @@ class Projector:
         _keep(capture, "merger_in", x)
         x = self.merger.matmul(x)  # [M, D]
         _keep(capture, "merger_out", x)
-        x = _bias(self.linear_1.matmul(x), self.bias_1)  # [M, n_embd]
+        x = add_bias(self.linear_1.matmul(x), self.bias_1)  # [M, n_embd]
         _keep(capture, "proj_linear_1", x)
-        x = _bias(self.linear_2.matmul(gelu_erf(x)), self.bias_2)  # [M, n_embd]
+        x = add_bias(self.linear_2.matmul(gelu_erf(x)), self.bias_2)  # [M, n_embd]
         _keep(capture, "image_features", x)
         return x
 
@@ -282,13 +282,7 @@ def _is_pixels(x) -> bool:
     return isinstance(x, np.ndarray) and x.ndim == 3 and x.shape[0] == 3 and np.issubdtype(x.dtype, np.floating)
 
 
-def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    return y + b if b is not None else y
 
-
-def _keep(capture: dict | None, name: str, x: np.ndarray) -> None:
-    if capture is not None:
-        capture[name] = x
 
 
 __all__ = ["LightOnOCR", "Projector", "merge_patches"]

@@ -16,7 +16,7 @@ from ...errors import ModelError
 from ..attention import KVCache, cached_attention
 from ..config import DecoderConfig
 from ..gguf import GGUFFile
-from ..ops import apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
+from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
 from ..weights import Storage, Weight, WeightLoader
 
 
@@ -150,13 +150,13 @@ class Decoder:
         q = apply_rope(q, cos, sin, c.rope_neox)
         k = apply_rope(k, cos, sin, c.rope_neox)
         a = attend(i, q, k, v).reshape(t, c.n_head * c.head_dim)  # [T, Hq*D]
-        x = x + _bias(layer.wo.matmul(a), layer.bo)
+        x = x + add_bias(layer.wo.matmul(a), layer.bo)
         h = rmsnorm(x, layer.ffn_norm, c.eps)
         return x + self._ffn(layer, h)
 
     def _qkv(self, layer, h):
-        return (_bias(layer.wq.matmul(h), layer.bq), _bias(layer.wk.matmul(h), layer.bk),
-                _bias(layer.wv.matmul(h), layer.bv))
+        return (add_bias(layer.wq.matmul(h), layer.bq), add_bias(layer.wk.matmul(h), layer.bk),
+                add_bias(layer.wv.matmul(h), layer.bv))
 
     def _ffn(self, layer, h: np.ndarray) -> np.ndarray:
         if not self.cfg.n_expert:
@@ -178,6 +178,3 @@ class Decoder:
                 out[rows] += weights[rows, slot, None] * down.matmul(swiglu(gate.matmul(he), up.matmul(he)))
         return out
 
-
-def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    return y + b if b is not None else y

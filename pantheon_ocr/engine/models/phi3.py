@@ -10,7 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ..weights import WeightLoader
-from .llama import Decoder, _bias, swiglu
+from ..ops import add_bias, swiglu
+from .llama import Decoder
 
 
 class Phi3Decoder(Decoder):
@@ -31,7 +32,7 @@ class Phi3Decoder(Decoder):
     def _qkv(self, layer, h):
         c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        qkv = _bias(layer.wqkv.matmul(h), layer.bqkv)  # [T, qd + 2*kvd]
+        qkv = add_bias(layer.wqkv.matmul(h), layer.bqkv)  # [T, qd + 2*kvd]
         return qkv[:, :qd], qkv[:, qd : qd + kvd], qkv[:, qd + kvd :]
 
     def _ffn(self, layer, h):

@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import ModelError
 from ..attention import flash_attention, naive_attention
 from ..gguf import GGUFFile, meta
-from ..ops import apply_rope, rmsnorm, rope_angles_2d, swiglu
+from ..ops import add_bias, apply_rope, rmsnorm, rope_angles_2d, swiglu
 from ..weights import Storage, Weight, WeightLoader
 
 SUPPORTED_PROJECTORS = ("lightonocr",)
@@ -166,7 +166,7 @@ class PixtralVision:
         h, w = hh // p, ww // p
         x = pixels.reshape(3, h, p, w, p)  # [3, h, p, w, p]
         x = x.transpose(1, 3, 0, 2, 4).reshape(h * w, 3 * p * p)  # [N, 3*p*p] in (channel, dy, dx) order
-        x = _bias(self.patch_embd.matmul(np.ascontiguousarray(x, dtype=np.float32)), self.patch_bias)  # [N, D]
+        x = add_bias(self.patch_embd.matmul(np.ascontiguousarray(x, dtype=np.float32)), self.patch_bias)  # [N, D]
         _keep(capture, "vision_patch_embeds", x)
         x = rmsnorm(x, self.pre_ln, c.eps)  # [N, D]
         _keep(capture, "vision_ln_pre", x)
@@ -181,18 +181,18 @@ class PixtralVision:
         c = self.cfg
         n = x.shape[0]
         hn = rmsnorm(x, layer.ln1, c.eps)  # [N, D]
-        q = _bias(layer.wq.matmul(hn), layer.bq).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
-        k = _bias(layer.wk.matmul(hn), layer.bk).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
-        v = _bias(layer.wv.matmul(hn), layer.bv).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        q = add_bias(layer.wq.matmul(hn), layer.bq).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        k = add_bias(layer.wk.matmul(hn), layer.bk).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        v = add_bias(layer.wv.matmul(hn), layer.bv).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
         q = apply_rope(q, cos, sin, neox=False)  # [N, H, d] adjacent pairs (permuted GGUF rows)
         k = apply_rope(k, cos, sin, neox=False)  # [N, H, d]
         a = self.attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [H, N, d]
         a = a.transpose(1, 0, 2).reshape(n, c.n_embd)  # [N, D]
-        x = x + _bias(layer.wo.matmul(a), layer.bo)  # [N, D]
+        x = x + add_bias(layer.wo.matmul(a), layer.bo)  # [N, D]
         hn = rmsnorm(x, layer.ln2, c.eps)  # [N, D]
-        g = _bias(layer.gate.matmul(hn), layer.b_gate)  # [N, ff]
-        u = _bias(layer.up.matmul(hn), layer.b_up)  # [N, ff]
-        return x + _bias(layer.down.matmul(swiglu(g, u)), layer.b_down)  # [N, D]
+        g = add_bias(layer.gate.matmul(hn), layer.b_gate)  # [N, ff]
+        u = add_bias(layer.up.matmul(hn), layer.b_up)  # [N, ff]
+        return x + add_bias(layer.down.matmul(swiglu(g, u)), layer.b_down)  # [N, D]
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Non-causal attention of one image's patches: q, k, v [H, N, d] -> [H, N, d]."""
@@ -203,9 +203,6 @@ class PixtralVision:
                                    q_block=self.q_block, kv_block=self.kv_block)
         return naive_attention(q, k, v, pos, pos, scale=scale, causal=False)
 
-
-def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    return y + b if b is not None else y
 
 
 def _keep(capture: dict | None, name: str, x: np.ndarray) -> None:

@@ -156,3 +156,11 @@ def test_inspect_json():
     assert info["memory_bytes"]["quantized"] < info["memory_bytes"]["f32"]
     code, out, _ = run("inspect", MODEL / "mmproj.gguf", "--json")
     assert code == 0 and json.loads(out)["architecture"] == "clip"
+
+
+def test_image_page_printed_to_stdout(tmp_path):
+    png = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "images" / "d_text_300x120.png"
+    code, out, err = run("transcribe", png, "--model", MODEL / "text.gguf", "--mmproj", MODEL / "mmproj.gguf",
+                         "-o", "-", "--max-tokens", "4", "--no-progress")
+    assert code == 0, err
+    assert out.startswith("<!-- page 1") and len(out.split()) >= 4

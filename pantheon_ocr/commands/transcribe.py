@@ -37,8 +37,8 @@ def resolve_model(model: str | None, mmproj: str | None) -> tuple[Path, Path]:
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--model", help="Text GGUF (qwen3), or a directory holding the text and mmproj GGUFs.")
 @click.option("--mmproj", help="Vision GGUF (clip, projector lightonocr).")
-@click.option("-o", "--output", default="out", show_default=True, type=click.Path(file_okay=False),
-              help="Output directory.")
+@click.option("-o", "--output", default="out", show_default=True, type=click.Path(file_okay=False, allow_dash=True),
+              help="Output directory; '-' prints the text to standard output instead.")
 @click.option("--pages", help="Pages to transcribe in every document, e.g. 1-3,7.")
 @click.option("--format", "formats", multiple=True, type=click.Choice(["md", "txt", "jsonl"]), default=("md",),
               show_default=True, help="Output format (repeat for several).")
@@ -55,7 +55,13 @@ def resolve_model(model: str | None, mmproj: str | None) -> tuple[Path, Path]:
               help="Weight storage: resident float32 (fast) or kept quantized (least memory).")
 @click.option("--vision-backend", type=click.Choice(["numpy", "torch", "coreml", "auto"]), default="numpy",
               show_default=True)
-@click.option("--device", default=None, help="torch device for --vision-backend torch (cpu, cuda, mps).")
+@click.option("--device", default=None,
+              help="torch device for --vision-backend torch/auto and the --gpu-* switches (cpu, cuda, cuda:N, mps).")
+@click.option("--vision-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Vision compute type: torch (float32/bfloat16/float16), Core ML (float32/float16).")
+@click.option("--gpu-prefill", is_flag=True,
+              help="Run the prefill projections on the torch --device (weights uploaded once); decode stays on the CPU.")
+@click.option("--gpu-decode", is_flag=True, help="Run the batched decode matmuls on the torch --device.")
 @click.option("--overlap/--no-overlap", default=True, show_default=True,
               help="Run the vision stage on its own thread, overlapped with prefill and decode.")
 @click.option("--skip-existing/--overwrite", default=True, show_default=True,
@@ -63,8 +69,8 @@ def resolve_model(model: str | None, mmproj: str | None) -> tuple[Path, Path]:
 @click.option("--render-workers", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def transcribe(inputs, model, mmproj, output, pages, formats, page_files, password, batch_size, max_tokens,
-               temperature, top_p, seed, threads, weights, vision_backend, device, overlap, skip_existing,
-               render_workers, progress) -> None:
+               temperature, top_p, seed, threads, weights, vision_backend, device, vision_dtype, gpu_prefill,
+               gpu_decode, overlap, skip_existing, render_workers, progress) -> None:
     """Transcribe PDFs and images (files, folders, globs) to Markdown, one file per document."""
     if threads:  # before numpy starts its BLAS threads
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -74,21 +80,49 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..render import expand_inputs
 
     text_path, mmproj_path = resolve_model(model, mmproj)
+    to_stdout = output == "-"
+    if to_stdout:  # the same atomic outputs, in a scratch folder, then printed in input order
+        import tempfile
+
+        scratch = tempfile.TemporaryDirectory(prefix="pantheon-ocr-")
+        output, skip_existing = scratch.name, False
     options = PipelineOptions(
         out_dir=Path(output), formats=tuple(formats), page_files=page_files, overwrite=not skip_existing,
         pages=pages, password=password, batch_size=batch_size, overlap=overlap, render_workers=render_workers,
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
     )
     documents = expand_inputs(list(inputs))
-    engine = build_engine(text_path, mmproj_path, weights, vision_backend, device)
+    engine = build_engine(text_path, mmproj_path, weights, vision_backend, device, vision_dtype=vision_dtype,
+                          gpu_prefill=gpu_prefill, gpu_decode=gpu_decode)
     summary = run_pipeline(documents, engine, options, on_progress=_bar() if progress else None)
+    if to_stdout:
+        for d in summary.documents:
+            for out in d.outputs:
+                if out.suffix == f".{formats[0]}":
+                    click.echo(out.read_text(encoding="utf-8"), nl=False)
+        scratch.cleanup()
     report(summary)
     click.get_current_context().exit(int(summary.exit_code))
 
 
-def build_engine(text_path: Path, mmproj_path: Path, weights: str, vision_backend: str, device: str | None):
+def build_engine(text_path: Path, mmproj_path: Path, weights: str, vision_backend: str, device: str | None,
+                 *, vision_dtype: str = "float32", gpu_prefill: bool = False, gpu_decode: bool = False):
     from ..engine import load_vlm
     from ..engine.page_engine import OCREngine
+
+    switches = gpu_prefill or gpu_decode
+    if device is not None and vision_backend == "numpy" and not switches:
+        raise UsageError(f"--device {device} is for --vision-backend torch/auto or --gpu-prefill/--gpu-decode; "
+                         "the numpy vision backend runs on the CPU")
+    # Fail on a missing extra or device before loading the model.
+    if vision_backend != "numpy" or vision_dtype != "float32":
+        from ..engine.backends import plan_vision_backend
+
+        plan_vision_backend(vision_backend, None if vision_backend == "numpy" else device, vision_dtype)
+    if switches:
+        from ..engine.backends import resolve_device
+
+        device = resolve_device(device)
 
     vlm = load_vlm(text_path, mmproj_path, weights=weights)
     n_params = sum(t.n_bytes for t in vlm.text.gguf.tensors.values())
@@ -97,11 +131,16 @@ def build_engine(text_path: Path, mmproj_path: Path, weights: str, vision_backen
                    "its text is meaningless; point --model/--mmproj at LightOnOCR GGUF files for real OCR",
                    err=True)
     backend = None
-    if vision_backend != "numpy":
+    if vision_backend != "numpy" or vision_dtype != "float32":
         from ..engine.backends import make_vision_backend
 
-        backend = make_vision_backend(vision_backend, vlm, device=device)
-    return OCREngine(vlm, backend)
+        vision_device = None if vision_backend == "numpy" else device
+        backend = make_vision_backend(vision_backend, vlm, device=vision_device, dtype=vision_dtype)
+        if vision_backend == "auto":
+            click.echo(f"vision backend: {backend.name} on {backend.device} ({backend.reason})", err=True)
+        if backend.name == "numpy":
+            backend = None  # the engine's own numpy path
+    return OCREngine(vlm, backend, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, device=device)
 
 
 def _bar():

@@ -27,67 +27,21 @@ from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
-from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, normalizers, pre_tokenizers
 
 from ..errors import ModelError
+from .chat import render_chatml
 from .gguf import GGUFFile, meta
+from .vocab import (
+    CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, USER_DEFINED, bpe_pieces, build_bpe, build_spm, spm_pieces,
+)
 
 __all__ = ["Tokenizer", "StreamDecoder", "load_tokenizer"]
 
-# gguf TokenType values (gguf-py constants.py)
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
-# -- pre-tokenizers (llama.cpp llm_tokenizer_bpe, regexes copied verbatim) ----------------------
-_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
-           r"|\s+(?!\S)|\s+")
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-
-
-@dataclass(frozen=True)
-class _Pre:
-    regexes: tuple[str, ...]
-    clean_spaces: bool = True  # llama.cpp's clean_up_tokenization_spaces on detokenize
-    ignore_merges: bool = False  # a pre-token that is itself a vocab entry is emitted directly
-    add_bos: bool = False  # default when the GGUF has no tokenizer.ggml.add_bos_token
-
-
-def _pre_table() -> dict[str, _Pre]:
-    qwen2, qwen2_clean = _Pre((_QWEN2,), clean_spaces=False), _Pre((_QWEN2,))
-    llama3 = _Pre((_LLAMA3,), ignore_merges=True, add_bos=True)
-    starcoder, smollm = _Pre((r"\p{N}", _GPT2)), _Pre((r"\p{N}", _GPT2), clean_spaces=False)
-    gpt2 = _Pre((_GPT2,))
-    table = {
-        "default": _Pre((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]")),
-        "falcon": _Pre((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")),
-        "qwen35": _Pre((_QWEN35,), clean_spaces=False),
-        "dbrx": _Pre((_LLAMA3,)), "smaug-bpe": _Pre((_LLAMA3,)),
-        "command-r": smollm, "smollm": smollm, "trillion": _Pre((_GPT2,), clean_spaces=False),
-        "granite-docling": _Pre((_GPT2,), clean_spaces=False),
-    }
-    for name in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"):
-        table[name] = qwen2
-    for name in ("stablelm2", "megrez"):
-        table[name] = qwen2_clean
-    for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
-        table[name] = llama3
-    for name in ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"):
-        table[name] = starcoder
-    for name in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
-                 "mellum", "modern-bert", "mpt", "olmo", "exaone4"):
-        table[name] = gpt2
-    return table
-
-
-_PRE_TOKENIZERS = _pre_table()
 
 # Tokens llama.cpp treats as end-of-generation by their text (llama-vocab.cpp, "special_eog_ids").
 _EOG_TEXTS = frozenset({
@@ -99,19 +53,6 @@ _EOG_TEXTS = frozenset({
 _FIM_EOG_TEXTS = frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>",
                             "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"})
 _ASCII_SPACE = " \t\n\v\f\r"  # C isspace(), used by the lstrip/rstrip of special tokens
-
-
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
 
 
 class Tokenizer:
@@ -139,7 +80,7 @@ class Tokenizer:
         self._specials = specials  # (text, id, lstrip, rstrip), longest text first
         self.chat_template = chat_template
         # control/unknown tokens vanish from decoded text when skip_special (llama.cpp special=false)
-        self._is_special = np.isin(attrs, (_CONTROL, _UNKNOWN))
+        self._is_special = np.isin(attrs, (CONTROL, UNKNOWN))
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -174,7 +115,7 @@ class Tokenizer:
         """tokenizer_st_partition: cut special tokens out, longest first, text pieces stay str."""
         frags: list[str | int] = [text]
         for tok_text, tok_id, lstrip, rstrip in self._specials:
-            if not parse_special and self._attrs[tok_id] != _USER_DEFINED:
+            if not parse_special and self._attrs[tok_id] != USER_DEFINED:
                 continue
             if tok_text not in text:  # cheap test on the whole input before touching fragments
                 continue
@@ -220,7 +161,7 @@ class Tokenizer:
 
     # -- chat --------------------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return _render_chatml(self, messages, add_generation_prompt)
+        return render_chatml(self, messages, add_generation_prompt)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, {self.n_vocab} tokens, {self.path!r})"
@@ -254,63 +195,6 @@ def _clean_spaces(text: bytes) -> bytes:
     return re.sub(rb" '(?=s|m|re|ve)", b"'", text)
 
 
-# -- chat template ------------------------------------------------------------------------------
-_JINJA_STRING = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
-
-
-def _jinja_literals(template: str) -> list[str]:
-    """All string literals of a jinja template, unescaped (\\n -> newline, \\' -> ')."""
-    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
-    return [re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(0)), lit[1:-1])
-            for lit in re.findall(_JINJA_STRING, template, flags=re.S)]
-
-
-def _render_chatml(tok: Tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """ChatML without a jinja engine, reading three facts off the file's template:
-
-    - a complete literal "<|im_start|>system...<|im_end|>\\n" is the system turn the template emits
-      when the first message is not a system message (Qwen2/2.5, SmolLM2, LightOnOCR's empty one);
-    - an image part of a message renders as the literal holding "<|image_pad|>" (once; the caller
-      expands it to one token per image embedding);
-    - `c['text'] + '...'` gives the suffix of a text part (LightOnOCR adds "\\n").
-    """
-    template = tok.chat_template
-    if template is None:
-        raise ModelError(tok.path, "no tokenizer.chat_template in the file; cannot build a chat prompt")
-    if "<|im_start|>" not in template:
-        raise ModelError(tok.path, f"chat template is not ChatML (no <|im_start|>): {template[:80]!r}...; "
-                                   "only ChatML templates are supported")
-    literals = _jinja_literals(template)
-    default_system = next((s for s in literals if s.startswith("<|im_start|>system")
-                           and s.endswith("<|im_end|>\n")), None)
-    image = next((s for s in literals if "<|image_pad|>" in s), None)
-    suffix = re.search(r"""\[\s*['"]text['"]\s*\]\s*\+\s*(""" + _JINJA_STRING + ")", template)
-    text_suffix = _jinja_literals(suffix.group(1))[0] if suffix else ""
-
-    out = []
-    if messages and messages[0].get("role") != "system" and default_system is not None:
-        out.append(default_system)
-    for i, msg in enumerate(messages):
-        role, content = msg.get("role"), msg.get("content", "")
-        if not isinstance(role, str):
-            raise ValueError(f"message {i} has no 'role'")
-        if isinstance(content, str):
-            body = content
-        else:
-            body = ""
-            for part in content:
-                if part.get("type") == "image" or "image" in part or "image_url" in part:
-                    if image is None:
-                        raise ModelError(tok.path, "the chat template has no image placeholder")
-                    body += image
-                elif "text" in part:
-                    body += part["text"] + text_suffix
-        out.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
-    if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-    return "".join(out)
-
-
 # -- loading ------------------------------------------------------------------------------------
 def load_tokenizer(gf: GGUFFile) -> Tokenizer:
     """Build the tokenizer described by a GGUF's tokenizer.* metadata (see module docstring)."""
@@ -329,7 +213,7 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
         raise ModelError(path, f"duplicate token {dup!r} in tokenizer.ggml.tokens")
     types = meta(gf, "tokenizer.ggml.token_type", list, None)
     if types is None:
-        attrs = np.full(n, _NORMAL, dtype=np.int32)
+        attrs = np.full(n, NORMAL, dtype=np.int32)
     elif len(types) < n:
         raise ModelError(path, f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
     else:
@@ -341,25 +225,25 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
 
     if model == "gpt2":
         pre_name = meta(gf, "tokenizer.ggml.pre", str, "default")
-        pre = _PRE_TOKENIZERS.get(pre_name)
+        pre = PRE_TOKENIZERS.get(pre_name)
         if pre is None:
             raise ModelError(path, f"unknown pre-tokenizer {pre_name!r} (tokenizer.ggml.pre); supported: "
-                                   + ", ".join(sorted(_PRE_TOKENIZERS)))
-        hf = _build_bpe(path, token_to_id, meta(gf, "tokenizer.ggml.merges", list), pre)
+                                   + ", ".join(sorted(PRE_TOKENIZERS)))
+        hf = build_bpe(path, token_to_id, meta(gf, "tokenizer.ggml.merges", list), pre)
         # llama.cpp defaults bos/eos to 11 for gpt2 vocabularies; an absent id is more honest.
         bos_id, eos_id = token_key("bos_token_id", None), token_key("eos_token_id", None)
         add_bos, add_space_prefix, clean_spaces = pre.add_bos, False, pre.clean_spaces
-        pieces = _bpe_pieces(tokens, attrs)
+        pieces = bpe_pieces(tokens, attrs)
     elif model == "llama":
         scores = meta(gf, "tokenizer.ggml.scores", list, None)
         scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)[:n]
         if len(scores) < n:
             raise ModelError(path, f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
         add_space_prefix = meta(gf, "tokenizer.ggml.add_space_prefix", bool, True)
-        hf = _build_spm(tokens, token_to_id, scores, add_space_prefix, token_key("unknown_token_id", 0))
+        hf = build_spm(tokens, token_to_id, scores, add_space_prefix, token_key("unknown_token_id", 0))
         bos_id, eos_id = token_key("bos_token_id", 1), token_key("eos_token_id", 2)
         add_bos, clean_spaces = True, False
-        pieces = _spm_pieces(tokens, attrs)
+        pieces = spm_pieces(tokens, attrs)
     else:
         raise ModelError(path, f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
                                "supported: gpt2 (byte-level BPE), llama (SentencePiece)")
@@ -379,14 +263,14 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
     eog = {i for i in (eos_id, token_key("eot_token_id", None), token_key("eom_token_id", None)) if i is not None}
     for text in _EOG_TEXTS | _FIM_EOG_TEXTS:
         i = token_to_id.get(text)
-        if i is not None and attrs[i] != _NORMAL:
+        if i is not None and attrs[i] != NORMAL:
             eog.add(i)
-            if attrs[i] not in (_CONTROL, _UNKNOWN):
-                attrs[i] = _CONTROL
+            if attrs[i] not in (CONTROL, UNKNOWN):
+                attrs[i] = CONTROL
                 pieces[i] = tokens[i].encode()
 
     # Special tokens matched in raw text: control, user-defined and unknown entries, longest first.
-    special_ids = np.flatnonzero(np.isin(attrs, (_CONTROL, _USER_DEFINED, _UNKNOWN))).tolist()
+    special_ids = np.flatnonzero(np.isin(attrs, (CONTROL, USER_DEFINED, UNKNOWN))).tolist()
     rstrip = set()
     name = meta(gf, "general.name", str, "").lower()
     if "phi-3" in name or "phi3" in name:  # llama.cpp: Phi-3 special tokens eat the whitespace after them
@@ -398,91 +282,3 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
                      pieces=pieces, bos_id=bos_id, eos_id=eos_id, eos_ids=frozenset(eog), add_bos=add_bos,
                      add_eos=add_eos, add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
                      specials=specials, chat_template=meta(gf, "tokenizer.chat_template", str, None))
-
-
-def _build_bpe(path, vocab: dict[str, int], merges: list[str], pre: _Pre) -> HFTokenizer:
-    # Merge "left right" splits at the first space after position 0 (llama.cpp); rank = index.
-    pairs = []
-    for m in merges:
-        cut = m.find(" ", 1)
-        if cut > 0:
-            pairs.append((m[:cut], m[cut + 1:]))
-    try:
-        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges)
-    except Exception:
-        # tokenizers refuses merges of unknown tokens (llama.cpp just never uses them); drop those,
-        # and keep the first of duplicate merges as llama.cpp does.
-        seen: set[tuple[str, str]] = set()
-        pairs = [p for p in pairs if p[0] in vocab and p[1] in vocab and p[0] + p[1] in vocab
-                 and not (p in seen or seen.add(p))]
-        try:
-            bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre.ignore_merges)
-        except Exception as exc:
-            raise ModelError(path, f"cannot build the BPE tokenizer from tokenizer.ggml.merges: {exc}") from None
-    hf = HFTokenizer(bpe)
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    return hf
-
-
-def _build_spm(tokens: list[str], vocab: dict[str, int], scores: np.ndarray, add_space_prefix: bool,
-               unk_id: int | None) -> HFTokenizer:
-    # llm_tokenizer_spm merges the adjacent pair whose concatenation is the best-scoring vocab entry.
-    # As BPE: every (left, right) split of every entry whose halves are entries, ranked by score.
-    order = np.argsort(-scores, kind="stable")
-    pairs = []
-    for i in order.tolist():
-        text = tokens[i]
-        for cut in range(1, len(text)):
-            left, right = text[:cut], text[cut:]
-            if left in vocab and right in vocab:
-                pairs.append((left, right))
-    unk = tokens[unk_id] if unk_id is not None else None
-    hf = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=unk, byte_fallback=True))
-    steps = [normalizers.Prepend("▁")] if add_space_prefix else []
-    hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
-    return hf
-
-
-_BYTE_CHARS = _byte_to_unicode()
-_UNICODE_TO_LATIN1 = {ord(c): chr(b) for b, c in _BYTE_CHARS.items() if ord(c) != b}
-
-
-def _bpe_pieces(tokens: list[str], attrs: np.ndarray) -> list[bytes]:
-    """token_to_piece(special=True) for a byte-level vocabulary."""
-    pieces = []
-    for text, attr in zip(tokens, attrs.tolist()):
-        if attr == _NORMAL:
-            try:
-                pieces.append(text.translate(_UNICODE_TO_LATIN1).encode("latin-1"))
-            except UnicodeEncodeError:  # a character outside the byte alphabet: keep its UTF-8
-                pieces.append(b"".join(_byte_piece(c) for c in text))
-        elif attr == _BYTE:
-            pieces.append(bytes([int(text[3:5], 16)]))
-        elif attr in (_CONTROL, _UNKNOWN, _USER_DEFINED):
-            pieces.append(text.encode())
-        else:  # unused / undefined entries print nothing (llama.cpp)
-            pieces.append(b"")
-    return pieces
-
-
-def _byte_piece(c: str) -> bytes:
-    mapped = c.translate(_UNICODE_TO_LATIN1)
-    return mapped.encode("latin-1") if ord(mapped) < 256 else c.encode()
-
-
-def _spm_pieces(tokens: list[str], attrs: np.ndarray) -> list[bytes]:
-    """token_to_piece(special=True) for a SentencePiece vocabulary."""
-    pieces = []
-    for text, attr in zip(tokens, attrs.tolist()):
-        if attr == _NORMAL:
-            pieces.append(text.replace("▁", " ").encode())
-        elif attr == _BYTE:
-            pieces.append(bytes([int(text[3:5], 16)]))
-        elif attr in (_CONTROL, _UNKNOWN, _USER_DEFINED):
-            pieces.append(text.encode())
-        else:
-            pieces.append(b"")
-    return pieces

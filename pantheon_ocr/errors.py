@@ -11,6 +11,7 @@ class ExitCode(IntEnum):
     BAD_ARGUMENTS = 2
     BAD_MODEL = 3  # bad or unsupported model file
     INPUT_UNREADABLE = 4  # input not found or unreadable
+    JOB_LOCKED = 75  # another run holds the job's lock: try again later (sysexits EX_TEMPFAIL)
     INTERRUPTED = 130
 
 

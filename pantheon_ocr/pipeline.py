@@ -82,16 +82,27 @@ def run_pipeline(
     *,
     render_fn: Callable[..., Any] = render_page,
     start_method: str | None = None,
+    tasks: Sequence[PageTask] | None = None,
+    on_page: Callable[[PageResult], None] | None = None,
+    write_outputs: bool = True,
 ) -> RunSummary:
     """OCR `documents` with `engine` and write the outputs; see the module docstring.
     `on_progress` is called from the calling thread after planning and after every page.
-    `render_fn` (same signature as render_page, picklable) is a fault-injection hook for tests."""
+    `render_fn` (same signature as render_page, picklable) is a fault-injection hook for tests.
+
+    For callers that keep their own state (archive jobs): `tasks` runs exactly these pages
+    (no skipping of existing outputs, no page counting; `documents` without a task are reported
+    skipped); `on_page` is called from the calling thread with each PageResult as it arrives,
+    before its document is finished; `write_outputs=False` writes no files (statuses still say
+    whether each document came out complete, partial or failed)."""
     validate_page_spec(options.pages)  # a bad spec fails before any work
-    return _Run(documents, engine, options, on_progress, render_fn, start_method).execute()
+    return _Run(documents, engine, options, on_progress, render_fn, start_method, tasks, on_page, write_outputs).execute()
 
 
 class _Run:
-    def __init__(self, documents, engine, options, on_progress, render_fn, start_method) -> None:
+    def __init__(
+        self, documents, engine, options, on_progress, render_fn, start_method, tasks=None, on_page=None, write_outputs=True
+    ) -> None:
         unique: dict[str, Document] = {}
         for doc in documents:
             unique.setdefault(doc.doc_id, doc)
@@ -100,6 +111,9 @@ class _Run:
         self.options = options
         self.on_progress = on_progress
         self.render_fn = render_fn
+        self.explicit_tasks = None if tasks is None else list(tasks)
+        self.on_page = on_page
+        self.write_outputs = write_outputs
         self.edge = options.longest_edge or getattr(engine, "longest_edge", None) or DEFAULT_LONGEST_EDGE
         self.paths = plan_output_paths(self.documents, options.out_dir)
         self.pool = RenderPool(
@@ -145,6 +159,9 @@ class _Run:
         )
 
     def _plan(self) -> None:
+        if self.explicit_tasks is not None:
+            self._plan_tasks(self.explicit_tasks)
+            return
         opts = self.options
         to_open = []
         for doc in self.documents:
@@ -173,6 +190,23 @@ class _Run:
             self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages]
 
+    def _plan_tasks(self, tasks: list[PageTask]) -> None:
+        known = {doc.doc_id for doc in self.documents}
+        for task in tasks:
+            if task.doc.doc_id not in known:  # a task's document is part of the run
+                known.add(task.doc.doc_id)
+                self.documents.append(task.doc)
+        self.paths = plan_output_paths(self.documents, self.options.out_dir)
+        for task in tasks:
+            state = self.states.get(task.doc.doc_id)
+            if state is None:
+                state = self.states[task.doc.doc_id] = _DocState(task.doc, self.paths[task.doc.doc_id], 0)
+            state.expected += 1
+            self.tasks.append(task)
+        for doc in self.documents:
+            if doc.doc_id not in self.states:
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "skipped", note="no pages to run")
+
     def _start_threads(self) -> None:
         stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
         if self.options.overlap:
@@ -196,6 +230,8 @@ class _Run:
         self.pages_done += 1
         self.tokens += result.n_tokens
         self.pages_failed += result.error is not None
+        if self.on_page is not None:
+            self.on_page(result)
         state = self.states[result.doc.doc_id]
         state.results.append(result)
         if len(state.results) == state.expected:
@@ -209,6 +245,10 @@ class _Run:
         if len(failures) == len(results):
             # Nothing readable: write nothing, so that the next run tries the document again.
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures)
+            return
+        if not self.write_outputs:  # the caller writes (see run_pipeline)
+            status = "partial" if failures else "written"
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, (), len(results), failures)
             return
         try:
             written = write_document(state.paths, results, self.options.formats, self.options.page_files)
@@ -312,7 +352,6 @@ class _Run:
         """Continuous batching: keep up to batch_size sequences; a page joins as soon as its
         prefill is done and a slot is free, and leaves as soon as it is finished."""
         source = self.features_q if self.options.overlap else self.render_q
-        sampling = self.options.sampling
         active: list[_Active] = []
         upstream_done = False
         while not self.stop.is_set():
@@ -325,6 +364,7 @@ class _Run:
                     break
                 if not self.options.overlap and not self._vision(page):
                     continue
+                sampling = page.task.sampling or self.options.sampling
                 t0 = time.perf_counter()
                 try:
                     seq = self.engine.prefill(page.payload, sampling)
@@ -358,7 +398,7 @@ class _Run:
                 a.steps += 1
                 if a.seq.finished:
                     self._emit(a)
-                elif a.steps > sampling.max_tokens + 8:
+                elif a.steps > (a.page.task.sampling or self.options.sampling).max_tokens + 8:
                     self._fail(a.page, f"the engine did not stop the sequence after {a.steps} steps")
                 else:
                     still.append(a)

@@ -69,6 +69,9 @@ class PageTask:
     doc: Document
     page_index: int  # 0-based
     n_pages: int  # pages in the document (not only the selected ones)
+    # None: the run's PipelineOptions.sampling. Archive jobs retry a looping page with a
+    # changed setting (higher temperature, new seed), so sampling can differ per page.
+    sampling: SamplingOptions | None = None
 
     @property
     def page(self) -> int:  # 1-based, for people and files

@@ -46,11 +46,11 @@ def test_input_errors_and_exceptions_come_back_as_data(tmp_path):
         out = list(
             pool.imap(
                 count_pages,
-                [(make_document(SAMPLES / "encrypted.pdf"), None), (make_document(SAMPLES / "report-3pages.pdf"), None)],
+                [(make_document(SAMPLES / "bad/encrypted.pdf"), None), (make_document(SAMPLES / "docs/report-3pages.pdf"), None)],
             )
         )
         assert isinstance(out[0].error, InputError) and "password" in out[0].error.problem
-        assert out[0].error.path == str(SAMPLES / "encrypted.pdf")
+        assert out[0].error.path == str(SAMPLES / "bad/encrypted.pdf")
         assert out[1].value == 3
         bad = list(pool.imap(square, [("x",)]))[0]
         assert isinstance(bad.error, WorkerError) and not bad.error.crashed
@@ -59,7 +59,7 @@ def test_input_errors_and_exceptions_come_back_as_data(tmp_path):
 
 
 def test_render_errors_name_the_page():
-    doc = make_document(SAMPLES / "report-3pages.pdf")
+    doc = make_document(SAMPLES / "docs/report-3pages.pdf")
     with RenderPool(workers=1) as pool:
         (o,) = pool.imap(render_page, [(doc, 5, 200, None)])
     assert isinstance(o.error, InputError) and o.error.page == 6 and "does not exist" in o.error.problem

@@ -1,0 +1,163 @@
+"""`pantheon-ocr archive run|status JOB.toml`: nightly archive jobs (see pantheon_ocr/jobs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+import click
+
+
+@click.group()
+def archive() -> None:
+    """Nightly archive jobs: a TOML job file, resumable state in SQLite, a report per run."""
+
+
+def make_engine(spec):
+    """The engine factory for a job: the model files it names. (Tests replace this function
+    in a subprocess to run the real command over a FakeEngine.)"""
+    from ..jobs import model_engine_factory
+
+    return model_engine_factory(spec)
+
+
+def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: int | None):
+    if ray_address is None:
+        from ..jobs import LocalExecutor
+
+        return LocalExecutor(engine_factory)
+    from ..jobs_ray import RayExecutor
+
+    r = spec.ray
+    return RayExecutor(engine_factory, address=ray_address, workers=ray_workers or r["workers"],
+                       cpus_per_worker=r["cpus_per_worker"], chunk_pages=r["chunk_pages"])
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """cron/systemd stop a job with SIGTERM: handle it like Ctrl-C, so finished pages stay
+    recorded, the report is written and the lock released (exit code 130)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@archive.command("run")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the pages on a Ray cluster: 'local' starts one here, 'auto' or HOST:PORT joins one "
+                   "(default: [ray] address in the job file, else this machine without Ray).")
+@click.option("--ray-workers", type=click.IntRange(1), help="Ray workers (one engine each); default: all CPUs / cpus_per_worker.")
+@click.option("--no-ray", is_flag=True, help="Ignore [ray] address in the job file and run here.")
+@click.option("--retry-failed", is_flag=True, help="Also redo pages and documents recorded as failed.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+def run(job, ray_address, ray_workers, no_ray, retry_failed, progress) -> None:
+    """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
+    from ..jobs import load_job, run_job
+
+    spec = load_job(job)
+    if spec.model["threads"]:  # before the engine starts its BLAS threads
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(spec.model["threads"])
+    address = None if no_ray else ray_address or spec.ray["address"]
+    executor = make_executor(spec, make_engine(spec), address, ray_workers)
+    show = click.get_text_stream("stderr").isatty() if progress is None else progress
+
+    def log(line: str) -> None:
+        click.echo(line, err=True)
+
+    with _sigterm_as_interrupt():
+        result = run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=_bar() if show else None, log=log)
+    print_run(result)
+    click.get_current_context().exit(int(result.exit_code))
+
+
+def _bar():
+    """A tqdm bar per round (the first pass, then each round of retries)."""
+    from tqdm import tqdm
+
+    bar = None
+
+    def update(p) -> None:
+        nonlocal bar
+        if bar is None or p.pages_done < bar.n:
+            if bar is not None:
+                bar.close()
+            bar = tqdm(total=p.pages_total, unit="page", dynamic_ncols=True)
+        bar.total, bar.n = p.pages_total, p.pages_done
+        bar.set_postfix_str(f"{p.pages_done / max(p.elapsed, 1e-9) * 60:.1f} pages/min, "
+                            f"{p.tokens / max(p.elapsed, 1e-9):.1f} tok/s, {p.pages_failed} failed", refresh=False)
+        bar.refresh()
+        if p.pages_done >= p.pages_total:
+            bar.close()
+            bar = None
+
+    return update
+
+
+def print_run(result) -> None:
+    s = result.summary
+    docs = ", ".join(f"{n} {k}" for k, n in sorted(s["documents"].items())) or "no documents"
+    p = s["pages"]
+    click.echo(f"run {s['run']} of job {s['job']!r} {s['status']}: {docs}", err=True)
+    click.echo(f"pages: {p['done']} done, {p['retried']} retried, {p['failed']} failed; {p['tokens']} tokens in {s['seconds']:.1f} s",
+               err=True)
+    for note in s["notes"]:
+        click.echo(f"note: {note}", err=True)
+    if s["failures"]:
+        click.echo(f"{len(s['failures'])} failure(s):", err=True)
+        for f in s["failures"]:
+            click.echo(f"  {f['path']}{'' if f['page'] is None else ' page ' + str(f['page'])}: {f['reason']}", err=True)
+    if result.report_html:
+        click.echo(f"report: {result.report_html}", err=True)
+
+
+@archive.command("status")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def status(job, as_json) -> None:
+    """Summarise JOB.toml's state: documents and pages by status, last runs, failures."""
+    from ..jobs import job_status, load_job
+
+    info = job_status(load_job(job))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"job {info['job']} ({info['job_file']})\nstate: {info['state']}")
+    if not info["runs"]:
+        click.echo("no runs yet")
+        return
+
+    def counts(d: dict) -> str:
+        return ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "none"
+
+    click.echo(f"documents: {counts(info['documents'])}"
+               + (f" ({info['not_in_last_run']} not among the last run's inputs)" if info.get("not_in_last_run") else ""))
+    click.echo(f"pages: {counts(info['pages'])}")
+    if info["running"]:
+        r = info["running"]
+        state = "stale lock (that run is gone; the next run takes over)" if r["stale"] else "running now"
+        click.echo(f"{state}: run {r['run']}, pid {r['pid']} on {r['host']}, heartbeat {time.time() - r['heartbeat']:.0f} s ago")
+    for r in info["runs"][:3]:
+        t = r["totals"]
+        took = f"{(r['finished'] or time.time()) - r['started']:.0f} s"
+        click.echo(f"run {r['id']}: {time.strftime('%Y-%m-%d %H:%M', time.localtime(r['started']))} {r['status']}"
+                   + ("" if r["exit_code"] is None else f" (exit {r['exit_code']})")
+                   + (f", {t.get('pages', 0)} pages, {t.get('tokens', 0)} tokens in {took}" if t else "")
+                   + (f"; report {r['report_html']}" if r["report_html"] else ""))
+    if info["failures"]:
+        click.echo(f"failed ({len(info['failures'])}):")
+        for f in info["failures"]:
+            click.echo(f"  {f['path']}{'' if f['page'] is None else ' page ' + str(f['page'])}: {f['reason']}")

@@ -1,0 +1,294 @@
+"""Nightly archive jobs: run a job file to completion across any number of stops.
+
+    run_job(spec, engine_factory)     lock -> plan -> rounds of pages -> report -> unlock
+    job_status(spec)                  what the state file says (no lock, no model)
+
+Plan: every input document is stat'ed; size+mtime unchanged means unchanged (the sha256 is
+only recomputed when they differ, or always with `rehash = true`); a new or changed document
+has its pages counted in a crash-proof worker and gets fresh `pages` rows.
+Rounds: all pending pages of the current documents go to an executor (local pipeline or Ray)
+as explicit PageTasks, each with the sampling for its next attempt. Each result is committed
+on arrival (jobs_state explains why that survives kill -9); a page that looped or failed goes
+back to pending with attempts+1, so the next round retries it hotter, until retry.attempts.
+Write: when a document has no pending page left, its outputs are assembled from the texts in
+SQLite and written atomically (outputs.write_document), then the document is marked done.
+A stop between any two of these steps is repaired by the next run: finished documents whose
+files are missing are assembled again, temp files left by a killed write are removed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any, Callable, Sequence
+
+from .errors import ExitCode, JobError, PantheonError
+from .jobs_plan import PlanMixin
+from .jobs_spec import JobSpec, load_job, resolve_model_files
+from .jobs_state import STAGE_COLUMNS, Heartbeat, Txn, acquire, finish_run, job_status, open_state, release
+from .outputs import OutputPaths, write_document
+from .pipeline_types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+from .render import Document
+
+__all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "job_status", "load_job", "model_engine_factory", "run_job"]
+
+
+@dataclass(frozen=True)
+class ModelEngineFactory:
+    """Builds the real engine; picklable, so a Ray worker can build its own."""
+
+    text: Path
+    mmproj: Path
+    weights: str = "f32"
+    vision_backend: str = "numpy"
+    device: str | None = None
+
+    def __call__(self):
+        from .commands.transcribe import build_engine
+
+        return build_engine(self.text, self.mmproj, self.weights, self.vision_backend, self.device)
+
+
+def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
+    text, mmproj = resolve_model_files(spec)
+    m = spec.model
+    return ModelEngineFactory(text, mmproj, m["weights"], m["vision_backend"], m["device"])
+
+
+class LocalExecutor:
+    """Runs a round in this process with the page pipeline (one engine, built on first use so
+    a night with nothing new never loads the model)."""
+
+    name = "local"
+
+    def __init__(self, engine_factory: Callable[[], Any], **pipeline_kw):
+        self.engine_factory, self.engine, self.pipeline_kw = engine_factory, None, pipeline_kw
+
+    def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page, on_progress=None) -> bool:
+        from .pipeline import run_pipeline
+
+        if self.engine is None:
+            self.engine = self.engine_factory()
+        summary = run_pipeline([], self.engine, options, on_progress, tasks=tasks, on_page=on_page,
+                               write_outputs=False, **self.pipeline_kw)
+        return summary.interrupted
+
+    def close(self) -> None:
+        self.engine = None
+
+
+@dataclass
+class JobResult:
+    run: int
+    exit_code: ExitCode
+    summary: dict  # the JSON report's content
+    report_json: Path | None
+    report_html: Path | None
+
+
+def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, executor=None, retry_failed: bool = False,
+            on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None) -> JobResult:
+    """Run the job once (see the module docstring). Raises JobLocked when another run holds the
+    lock; returns a JobResult whose exit_code follows errors.ExitCode otherwise."""
+    if executor is None:
+        executor = LocalExecutor(engine_factory or (lambda: model_engine_factory(spec)()))
+    return _JobRun(spec, executor, retry_failed, on_progress, log).execute()
+
+
+class _JobRun(PlanMixin):
+    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, log) -> None:
+        self.spec, self.executor, self.retry_failed = spec, executor, retry_failed
+        self.on_progress, self.log = on_progress, log
+        self.options = spec.pipeline_options()
+        self.pages_spec = spec.ocr["pages"] or "all"
+        self.docs: dict[str, tuple[int, Document]] = {}  # doc_id -> (row id, document) of this run
+        self.events: Counter = Counter()  # documents: new, changed, unchanged, written, ...
+        self.failures: list[dict] = []  # final failures of this run
+        self.attempts: list[dict] = []  # every page attempt of this run, in order
+        self.notes: list[str] = []
+        self.t0 = time.time()
+
+    # ------------------------------------------------------------------ the run
+
+    def execute(self) -> JobResult:
+        from .report import build_summary, write_reports
+
+        self.db = open_state(self.spec.state)
+        try:
+            self.run_id, stale = acquire(self.db, self.spec.lock["stale_after"], self.executor.name, self.spec.name)
+        except BaseException:
+            self.db.close()
+            raise
+        if stale is not None:  # printed with the run's summary, and in the report
+            self.notes.append(f"took over a stale lock ({stale.describe()})")
+        interval = min(15.0, max(0.2, self.spec.lock["stale_after"] / 4))
+        self.heartbeat = Heartbeat(self.spec.state, self.run_id, interval)
+        self.heartbeat.start()
+        status, code, interrupted = "crashed", ExitCode.PAGES_FAILED, False
+        try:
+            try:
+                self._plan()
+                self._rounds()
+            except KeyboardInterrupt:
+                interrupted = True
+            status, code = ("interrupted" if interrupted else "finished"), self._exit_code(interrupted)
+        except PantheonError as e:
+            code = e.exit_code
+            raise
+        finally:
+            self.heartbeat.stop()
+            try:
+                self.executor.close()
+            finally:
+                summary = build_summary(self, status, code)
+                paths = (None, None)
+                try:
+                    paths = write_reports(summary, self.spec.reports, self.run_id)
+                except OSError as e:
+                    self.log(f"warning: cannot write the report: {e}")
+                finish_run(self.db, self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths))
+                release(self.db, self.run_id)
+                self.db.close()
+        return JobResult(self.run_id, code, summary, *paths)
+
+    def _exit_code(self, interrupted: bool) -> ExitCode:
+        if interrupted:
+            return ExitCode.INTERRUPTED
+        if not self.failures:
+            return ExitCode.OK
+        wrote = self.events["written"] + self.events["partial"] > 0 or any(a["outcome"] == "done" for a in self.attempts)
+        return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
+
+    def _fail(self, path: str, page: int | None, reason: str, attempts: int = 0) -> None:
+        self.failures.append({"path": path, "page": page, "reason": reason, "attempts": attempts})
+
+    # ------------------------------------------------------------------ rounds
+
+    def _rounds(self) -> None:
+        by_row = {row_id: doc for row_id, doc in self.docs.values()}
+        while True:
+            pending = [r for r in self.db.execute("SELECT p.doc, p.page, p.attempts, d.n_pages FROM pages p JOIN documents d "
+                                                  "ON d.id = p.doc WHERE p.status='pending' ORDER BY d.path, p.page")
+                       if r["doc"] in by_row]
+            if not pending:
+                return
+            tasks, self.expect = [], {}
+            for r in pending:
+                attempt = r["attempts"] + 1
+                sampling = self.spec.sampling(attempt)
+                doc = by_row[r["doc"]]
+                tasks.append(PageTask(doc, r["page"] - 1, r["n_pages"], sampling=sampling))
+                self.expect[(doc.doc_id, r["page"])] = (r["doc"], attempt, sampling)
+            n_before = len(self.attempts)
+            self.log(f"{len(tasks)} page(s) to run" + ("" if n_before == 0 else " (retries)"))
+            if self.executor.run(tasks, self.options, self._record, self.on_progress):
+                raise KeyboardInterrupt
+            if len(self.attempts) == n_before:  # nothing came back: do not loop forever
+                raise JobError("the executor returned no page results")
+
+    def _record(self, result: PageResult) -> None:
+        """One page result -> SQLite (conditional on the attempt we sent), then the document's
+        outputs if that was its last pending page. Called in the main thread as pages finish."""
+        if self.heartbeat.lost.is_set():
+            raise JobError("another run took over this job's lock (this run was stalled past lock.stale_after); stopping")
+        key = (result.doc.doc_id, result.page)
+        if key not in self.expect:
+            return
+        row_id, attempt, sampling = self.expect.pop(key)
+        retry_on = self.spec.retry["on"]
+        problem = "error" if result.error is not None else result.finish_reason if result.finish_reason in ("repetition", "max_tokens") else None
+        error = None
+        if problem is None or (problem != "error" and problem not in retry_on):
+            outcome = "done"
+        elif problem in retry_on and attempt < self.spec.attempts:
+            outcome = "retry"
+        else:
+            outcome = "failed"
+            error = result.error if problem == "error" else (
+                "the model kept repeating itself" if problem == "repetition" else f"no end of page within max_tokens ({sampling.max_tokens})"
+            ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
+        now = time.time()
+        secs = [result.seconds.get(s, 0.0) for s in STAGES]
+        with Txn(self.db) as db:
+            n = db.execute(
+                "UPDATE pages SET status=?, attempts=?, text=?, n_tokens=?, finish_reason=?, error=?, "
+                + ", ".join(f"{STAGE_COLUMNS[s]}=?" for s in STAGES)
+                + ", temperature=?, seed=?, run=?, finished_at=? WHERE doc=? AND page=? AND status='pending' AND attempts=?",
+                ("pending" if outcome == "retry" else outcome, attempt, result.text, result.n_tokens, result.finish_reason,
+                 error if outcome == "failed" else result.error, *secs, sampling.temperature, sampling.seed, self.run_id, now,
+                 row_id, result.page, attempt - 1),
+            ).rowcount
+            if n == 0:
+                return  # already recorded (cannot happen with one lock holder; never write twice)
+            version = db.execute("SELECT version FROM documents WHERE id=?", (row_id,)).fetchone()[0]
+            db.execute("INSERT INTO attempts (run, doc, version, page, attempt, outcome, temperature, seed, n_tokens, finish_reason, "
+                       "error, render_s, vision_s, prefill_s, decode_s, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (self.run_id, row_id, version, result.page, attempt, outcome, sampling.temperature, sampling.seed,
+                        result.n_tokens, result.finish_reason, result.error, *secs, now))
+            left = db.execute("SELECT count(*) FROM pages WHERE doc=? AND status='pending'", (row_id,)).fetchone()[0]
+        self.attempts.append({"path": str(result.doc.path), "page": result.page, "attempt": attempt, "outcome": outcome,
+                              "temperature": sampling.temperature, "seed": sampling.seed, "n_tokens": result.n_tokens,
+                              "finish_reason": result.finish_reason, "error": result.error,
+                              "seconds": dict(zip(STAGES, secs)), "t": now - self.t0})
+        if outcome == "failed":
+            self._fail(str(result.doc.path), result.page, error, attempt)
+        if left == 0:
+            self._assemble(row_id)
+
+    # ------------------------------------------------------------------ writing
+
+    def _assemble(self, row_id: int, only_if_needed: bool = False) -> None:
+        """Write a document's outputs from its final pages, atomically, then mark it. With
+        only_if_needed: only if an earlier run stopped before writing, or files went missing."""
+        db = self.db
+        row = db.execute("SELECT * FROM documents WHERE id=?", (row_id,)).fetchone()
+        pages = db.execute("SELECT * FROM pages WHERE doc=? ORDER BY page", (row_id,)).fetchall()
+        if not pages or any(p["status"] == "pending" for p in pages):
+            return
+        paths, formats = OutputPaths(Path(row["output"])), self.options.formats
+        if only_if_needed:
+            if row["status"] in ("done", "partial"):
+                complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
+                if complete:
+                    return
+                self.notes.append(f"{row['path']}: outputs missing, written again from the job state")
+            elif row["status"] != "pending":
+                return
+        doc = Document(Path(row["path"]), row["kind"], row["doc_id"], PurePath(row["rel"]))
+        results = [
+            PageResult(doc, p["page"], p["text"] or "", p["n_tokens"] or 0, p["finish_reason"] if p["status"] == "done" else None,
+                       p["error"] if p["status"] == "failed" else None,
+                       {s: p[STAGE_COLUMNS[s]] or 0.0 for s in STAGES})
+            for p in pages
+        ]
+        error = None
+        if all(r.error is not None for r in results):
+            status, error = "failed", "no page could be read"  # like transcribe: write nothing
+        else:
+            try:
+                write_document(paths, results, formats, self.options.page_files)
+                if self.options.page_files:
+                    _remove_old_page_files(paths, {r.page for r in results})
+                status = "partial" if any(r.error is not None for r in results) else "done"
+            except OSError as e:
+                status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
+                self._fail(row["path"], None, error)
+        with Txn(db):
+            db.execute("UPDATE documents SET status=?, error=?, updated_at=? WHERE id=?", (status, error, time.time(), row_id))
+        self.events[{"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status]] += 1
+
+
+def _remove_old_page_files(paths: OutputPaths, pages: set[int]) -> None:
+    """A changed document with fewer (or other) pages: per-page files of pages it no longer
+    has would otherwise pass for part of the new version."""
+    try:
+        entries = list(paths.base.iterdir())
+    except OSError:
+        return
+    for f in entries:
+        m = re.fullmatch(r"page-(\d{4,})\.md", f.name)
+        if m and int(m.group(1)) not in pages:
+            f.unlink(missing_ok=True)

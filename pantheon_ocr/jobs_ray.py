@@ -1,0 +1,207 @@
+"""Scale-out on Ray: the same archive job, its pages OCR'd by Ray actors, one engine each.
+
+The driver (the `archive run` process) keeps everything that must have a single writer: the
+SQLite state, the lock, the output files and the report, exactly as on one machine. Actors
+only turn pages into results: each builds one engine when it starts, receives chunks of page
+tasks, runs the ordinary page pipeline on them (render workers, vision thread, continuous
+batching) with write_outputs=False, and returns plain dicts; the driver records each chunk's
+pages as they come back. So a killed driver loses only the chunks in flight, and resume works
+as it does locally.
+
+Input documents travel through Ray's object store (the driver reads each once), so workers
+need no shared file system for inputs; the model files must exist at the same path on every
+node (they are gigabytes: shipping them per run would cost more than the OCR of a night).
+When joining a remote cluster the pantheon_ocr package itself is shipped with the job
+(runtime_env py_modules); its dependencies (numpy, pillow, pypdfium2, ...) must be installed
+on the nodes.
+
+Importing this module does not import ray; RayExecutor does when it first runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections import deque
+from pathlib import Path, PurePath
+from typing import Any, Callable, Sequence
+
+from .errors import JobError
+from .pipeline_types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+
+RAY_MISSING = "--ray needs Ray: pip install 'pantheon-ocr[ray]' (or pip install 'ray[data]>=2.40')"
+
+
+def import_ray():
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise JobError(RAY_MISSING) from None
+    return ray
+
+
+class PageWorker:
+    """The actor (wrapped with ray.remote at run time, so this module imports without Ray)."""
+
+    def __init__(self, engine_factory: Callable[[], Any]):
+        self.engine = engine_factory()
+        self.cache = Path(tempfile.mkdtemp(prefix="pantheon-ray-"))
+        self.files: dict[str, Path] = {}  # doc_id -> local copy of the input
+
+    def where(self) -> tuple[str, int]:
+        return socket.gethostname(), os.getpid()
+
+    def run(self, chunk: list[tuple], blobs: dict[str, Any], options: PipelineOptions) -> list[dict]:
+        import ray
+
+        from .pipeline import run_pipeline
+        from .render import Document
+
+        wanted = {item[0] for item in chunk}
+        for doc_id in list(self.files):
+            if doc_id not in wanted:  # keep the disk use to about one chunk's documents
+                self.files.pop(doc_id).unlink(missing_ok=True)
+        tasks = []
+        for doc_id, kind, rel, name, page_index, n_pages, sampling in chunk:
+            if doc_id not in self.files:
+                local = self.cache / f"{doc_id}-{name}"
+                local.write_bytes(ray.get(blobs[doc_id]))
+                self.files[doc_id] = local
+            doc = Document(self.files[doc_id], kind, doc_id, PurePath(rel))
+            tasks.append(PageTask(doc, page_index, n_pages, sampling))
+        results: list[PageResult] = []
+        run_pipeline([], self.engine, options, tasks=tasks, on_page=results.append, write_outputs=False)
+        return [{"doc_id": r.doc.doc_id, "page": r.page, "text": r.text, "n_tokens": r.n_tokens,
+                 "finish_reason": r.finish_reason, "error": r.error, "seconds": dict(r.seconds)} for r in results]
+
+    def shutdown(self) -> None:
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
+class RayExecutor:
+    """Runs a job's rounds on Ray actors. `address`: 'local' starts a Ray instance here,
+    anything else (auto, HOST:PORT, ray://...) joins one; if Ray is already initialised in
+    this process (a test, a notebook) that instance is used as it is."""
+
+    name = "ray"
+
+    def __init__(self, engine_factory: Callable[[], Any], address: str = "local", workers: int | None = None,
+                 cpus_per_worker: float = 1.0, chunk_pages: int = 16, in_flight: int = 2):
+        self.engine_factory, self.address, self.workers = engine_factory, address, workers
+        self.cpus_per_worker, self.chunk_pages, self.in_flight = cpus_per_worker, chunk_pages, in_flight
+        self.actors: list[Any] = []
+        self.placement: list[tuple[str, int]] = []
+        self.started_ray = False
+
+    def _start(self, ray) -> None:
+        if not ray.is_initialized():
+            if self.address == "local":
+                ray.init(include_dashboard=False)
+            else:
+                import pantheon_ocr
+
+                ray.init(address=self.address, runtime_env={"py_modules": [str(Path(pantheon_ocr.__file__).parent)]})
+            self.started_ray = True
+        if self.actors:
+            return
+        n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // self.cpus_per_worker))
+        actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=2, max_task_retries=0)(PageWorker)
+        self.actors = [actor_cls.remote(self.engine_factory) for _ in range(n)]
+        try:
+            self.placement = ray.get([a.where.remote() for a in self.actors])  # (host, pid) per actor, engines built
+        except ray.exceptions.RayError as e:
+            self.close()
+            raise JobError(f"Ray workers could not start the engine: {_first_line(e)}") from None
+
+    def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page, on_progress=None) -> bool:
+        """Run the tasks; on_page gets each PageResult in this (the driver's) thread. Returns
+        True when interrupted (Ctrl-C / SIGTERM in the driver)."""
+        ray = import_ray()
+        self._start(ray)
+        docs = {t.doc.doc_id: t.doc for t in tasks}
+        t0, done, failed, tokens = time.perf_counter(), 0, 0, 0
+
+        def emit(result: PageResult) -> None:
+            nonlocal done, failed, tokens
+            done, failed, tokens = done + 1, failed + (result.error is not None), tokens + result.n_tokens
+            on_page(result)
+            if on_progress is not None:
+                on_progress(Progress(done, len(tasks), failed, tokens, 0, len(docs), time.perf_counter() - t0))
+
+        blobs, unreadable, runnable = {}, {}, []
+        for t in tasks:
+            if t.doc.doc_id not in blobs and t.doc.doc_id not in unreadable:
+                try:
+                    blobs[t.doc.doc_id] = ray.put(t.doc.path.read_bytes())
+                except OSError as e:
+                    unreadable[t.doc.doc_id] = f"cannot read file: {e.strerror or e}"
+            if t.doc.doc_id in unreadable:
+                emit(PageResult(t.doc, t.page, "", 0, None, unreadable[t.doc.doc_id]))
+            else:
+                runnable.append(t)
+        chunks = deque(runnable[i:i + self.chunk_pages] for i in range(0, len(runnable), self.chunk_pages))
+        inflight: dict[Any, tuple[int, list[PageTask]]] = {}
+        load = [0] * len(self.actors)
+        try:
+            while chunks or inflight:
+                while chunks and min(load) < self.in_flight:
+                    i = load.index(min(load))
+                    chunk = chunks.popleft()
+                    items = [(t.doc.doc_id, t.doc.kind, str(t.doc.rel), t.doc.path.name, t.page_index, t.n_pages, t.sampling)
+                             for t in chunk]
+                    ref = self.actors[i].run.remote(items, {d: blobs[d] for d in {t.doc.doc_id for t in chunk}}, options)
+                    inflight[ref] = (i, chunk)
+                    load[i] += 1
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)  # short: Ctrl-C stays prompt
+                for ref in ready:
+                    i, chunk = inflight.pop(ref)
+                    load[i] -= 1
+                    for result in self._results(ray, ref, chunk, docs):
+                        emit(result)
+        except KeyboardInterrupt:
+            self.close()  # kills the actors: their pages stay pending in the state
+            return True
+        finally:
+            blobs.clear()
+        return False
+
+    def _results(self, ray, ref, chunk: list[PageTask], docs: dict) -> list[PageResult]:
+        try:
+            rows = ray.get(ref)
+        except ray.exceptions.RayError as e:  # the actor died or the call raised: fail the chunk's pages
+            reason = f"Ray worker failed: {_first_line(e)}"
+            return [PageResult(t.doc, t.page, "", 0, None, reason) for t in chunk]
+        got = {(r["doc_id"], r["page"]): r for r in rows}
+        out = []
+        for t in chunk:
+            r = got.get((t.doc.doc_id, t.page))
+            if r is None:
+                out.append(PageResult(t.doc, t.page, "", 0, None, "the Ray worker returned no result for this page"))
+            else:
+                secs = {s: float(r["seconds"].get(s, 0.0)) for s in STAGES}
+                out.append(PageResult(docs[r["doc_id"]], r["page"], r["text"], r["n_tokens"], r["finish_reason"], r["error"], secs))
+        return out
+
+    def close(self) -> None:
+        if not self.actors and not self.started_ray:
+            return
+        ray = import_ray()
+        if self.actors:
+            try:
+                ray.get([a.shutdown.remote() for a in self.actors], timeout=10)
+            except Exception:  # noqa: BLE001 - best effort: temp copies of inputs
+                pass
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[-1] if text else type(e).__name__

@@ -1,0 +1,308 @@
+"""The archive job file (TOML) -> a validated, frozen `JobSpec`.
+
+Every problem is a JobError (exit code 2) naming the file and the key, e.g.
+`nightly.toml: ocr.batch_size: must be an integer >= 1 (got "8")`. Relative paths are
+relative to the job file's folder, so a cron entry works from any working directory.
+See README "Archive jobs" for the format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import JobError
+from .pipeline_types import FORMATS, PipelineOptions, SamplingOptions
+
+RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
+
+
+class _Bad(Exception):
+    """A value failed its check; the message says what it must be."""
+
+
+# ---------------------------------------------------------------- value checks
+
+
+def _int(lo: int | None = None) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+            raise _Bad(f"must be an integer{'' if lo is None else f' >= {lo}'}")
+        return v
+
+    return check
+
+
+def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if ok and lo is not None:
+            ok = v > lo if lo_open else v >= lo
+        if ok and hi is not None:
+            ok = v <= hi
+        if not ok:
+            rng = "" if lo is None else f" {'>' if lo_open else '>='} {lo}" + ("" if hi is None else f" and <= {hi}")
+            raise _Bad(f"must be a number{rng}")
+        return float(v)
+
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad("must be true or false")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise _Bad("must be a non-empty string")
+    return v
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise _Bad("must be one of " + ", ".join(repr(c) for c in choices))
+        return v
+
+    return check
+
+
+def _str_list(allowed: tuple[str, ...] | None = None, empty_ok: bool = False) -> Callable[[Any], tuple[str, ...]]:
+    def check(v: Any) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = [v]  # inputs = "scans/" is as clear as a one-item list
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v) or (not v and not empty_ok):
+            raise _Bad("must be a list of non-empty strings")
+        if allowed is not None and any(x not in allowed for x in v):
+            raise _Bad("values must be among " + ", ".join(repr(a) for a in allowed))
+        if len(set(v)) != len(v):
+            raise _Bad("has a value twice")
+        return tuple(v)
+
+    return check
+
+
+def _float_list(v: Any) -> tuple[float, ...]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise _Bad("must be a non-empty list of numbers >= 0")
+    return tuple(float(x) for x in v)
+
+
+def _pages(v: Any) -> str:
+    from .render import validate_page_spec
+    from .errors import UsageError
+
+    v = _str(v)
+    try:
+        validate_page_spec(v)
+    except UsageError as e:
+        raise _Bad(str(e)) from None
+    return v
+
+
+# key -> (check, default). A missing default (`...`) means required.
+SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
+    "": {
+        "name": (_str, None),
+        "inputs": (_str_list(), ...),
+        "output": (_str, ...),
+        "state": (_str, None),
+        "reports": (_str, None),
+        "rehash": (_bool, False),  # hash every document each run, not only when size/mtime changed
+    },
+    "model": {
+        "text": (_str, None),
+        "mmproj": (_str, None),
+        "weights": (_choice("f32", "quantized"), "f32"),
+        "vision_backend": (_choice("numpy", "torch", "coreml", "auto"), "numpy"),
+        "device": (_str, None),
+        "threads": (_int(1), None),
+    },
+    "ocr": {
+        "batch_size": (_int(1), 8),
+        "max_tokens": (_int(1), 4096),
+        "temperature": (_float(0), 0.0),
+        "top_p": (_float(0, 1, lo_open=True), 1.0),
+        "seed": (_int(), 0),
+        "pages": (_pages, None),
+        "formats": (_str_list(FORMATS), ("md",)),
+        "page_files": (_bool, False),
+        "password": (_str, None),
+        "render_workers": (_int(1), 2),
+        "render_timeout": (_float(0, lo_open=True), 120.0),
+        "overlap": (_bool, True),
+        "longest_edge": (_int(64), None),
+    },
+    "retry": {
+        "attempts": (_int(1), 3),
+        "temperatures": (_float_list, (0.2, 0.4)),
+        "on": (_str_list(RETRYABLE, empty_ok=True), ("repetition", "error")),
+    },
+    "lock": {
+        "stale_after": (_float(1), 60.0),  # seconds without a heartbeat before a lock is stale
+    },
+    "ray": {
+        "address": (_str, None),
+        "workers": (_int(1), None),
+        "cpus_per_worker": (_float(0, lo_open=True), 1.0),
+        "chunk_pages": (_int(1), 16),
+    },
+}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    path: Path  # the job file
+    name: str
+    inputs: tuple[str, ...]  # absolute (globs kept as globs)
+    output: Path
+    state: Path
+    reports: Path
+    rehash: bool = False
+    model: dict = field(default_factory=dict)  # text, mmproj (Paths or None), weights, ...
+    ocr: dict = field(default_factory=dict)
+    retry: dict = field(default_factory=dict)
+    lock: dict = field(default_factory=dict)
+    ray: dict = field(default_factory=dict)
+
+    @property
+    def attempts(self) -> int:
+        return self.retry["attempts"]
+
+    def sampling(self, attempt: int) -> SamplingOptions:
+        """Sampling for the 1-based `attempt` of a page: the [ocr] setting first, then each
+        retry hotter (retry.temperatures, the last one repeated) with a new seed, so a page that
+        looped under one setting gets a different continuation rather than the same loop."""
+        o = self.ocr
+        temperature = o["temperature"]
+        if attempt > 1:
+            temps = self.retry["temperatures"]
+            temperature = temps[min(attempt - 2, len(temps) - 1)]
+        return SamplingOptions(max_tokens=o["max_tokens"], temperature=temperature, top_p=o["top_p"], seed=o["seed"] + attempt - 1)
+
+    def pipeline_options(self) -> PipelineOptions:
+        o = self.ocr
+        return PipelineOptions(
+            out_dir=self.output, formats=o["formats"], page_files=o["page_files"], overwrite=True, pages=o["pages"],
+            password=o["password"], sampling=self.sampling(1), batch_size=o["batch_size"], overlap=o["overlap"],
+            render_workers=o["render_workers"], render_timeout=o["render_timeout"], longest_edge=o["longest_edge"],
+        )
+
+
+def _toml_module():
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise JobError("archive jobs need Python 3.11+ (tomllib) or the 'tomli' package on 3.10") from None
+    return tomllib
+
+
+def load_job(path: str | os.PathLike) -> JobSpec:
+    """Read and validate a job file; JobError names the file and the key of any problem."""
+    path = Path(path).expanduser().absolute()
+    tomllib = _toml_module()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise JobError(f"{path}: no such job file") from None
+    except OSError as e:
+        raise JobError(f"{path}: cannot read the job file: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise JobError(f"{path}: not valid TOML: {e}") from None
+    return parse_job(data, path)
+
+
+def parse_job(data: dict, path: Path) -> JobSpec:
+    where = path.name
+    values: dict[str, dict[str, Any]] = {}
+    top_keys = list(SCHEMA[""]) + [s for s in SCHEMA if s]
+    for key in data:
+        if key not in top_keys:
+            raise JobError(f"{where}: unknown key {key!r}{_did_you_mean(key, top_keys)}")
+    for section, keys in SCHEMA.items():
+        table = data if section == "" else data.get(section, {})
+        if not isinstance(table, dict):
+            raise JobError(f"{where}: {section}: must be a table ([{section}])")
+        if section:
+            for key in table:
+                if key not in keys:
+                    raise JobError(f"{where}: unknown key '{section}.{key}'{_did_you_mean(key, list(keys), section + '.')}")
+        values[section] = {}
+        for key, (check, default) in keys.items():
+            full = f"{section}.{key}" if section else key
+            if key in table:
+                try:
+                    values[section][key] = check(table[key])
+                except _Bad as e:
+                    raise JobError(f"{where}: {full}: {e} (got {_show(table[key])})") from None
+            elif default is ...:
+                raise JobError(f"{where}: {full}: required key is missing")
+            else:
+                values[section][key] = default
+    top, base = values[""], path.parent
+
+    def resolve(p: str) -> Path:
+        return (base / Path(p).expanduser()).absolute()
+
+    model = dict(values["model"])
+    for key in ("text", "mmproj"):
+        model[key] = resolve(model[key]) if model[key] else None
+    stem = path.stem
+    return JobSpec(
+        path=path,
+        name=top["name"] or stem,
+        inputs=tuple(str(resolve(i)) for i in top["inputs"]),
+        output=resolve(top["output"]),
+        state=resolve(top["state"]) if top["state"] else base / f"{stem}.sqlite",
+        reports=resolve(top["reports"]) if top["reports"] else base / f"{stem}-reports",
+        rehash=top["rehash"],
+        model=model,
+        ocr=values["ocr"],
+        retry=values["retry"],
+        lock=values["lock"],
+        ray=values["ray"],
+    )
+
+
+def _did_you_mean(key: str, known: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+
+
+def _show(v: Any) -> str:
+    text = repr(v) if not isinstance(v, str) else '"' + v + '"'
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resolve_model_files(spec: JobSpec) -> tuple[Path, Path]:
+    """model.text (a file, or a folder holding one text GGUF and one *mmproj*.gguf) and
+    model.mmproj -> the two files. A missing file is a ModelError (exit 3) naming the key."""
+    from .errors import ModelError
+
+    where = spec.path.name
+    text, mmproj = spec.model["text"], spec.model["mmproj"]
+    if text is None:
+        raise JobError(f"{where}: model.text: required to run pages (a text GGUF, or a folder with the text and mmproj GGUFs)")
+    if text.is_dir():
+        ggufs = sorted(text.glob("*.gguf"))
+        proj = [p for p in ggufs if "mmproj" in p.name.lower()]
+        plain = [p for p in ggufs if p not in proj]
+        if len(plain) != 1 or (mmproj is None and len(proj) != 1):
+            raise JobError(f"{where}: model.text: {text} should hold one text GGUF and one *mmproj*.gguf, "
+                           f"found {[p.name for p in ggufs]}; name the files with model.text and model.mmproj")
+        text, mmproj = plain[0], mmproj or proj[0]
+    if mmproj is None:
+        raise JobError(f"{where}: model.mmproj: required with model.text = {text} (the vision half of the pair)")
+    for key, p in (("model.text", text), ("model.mmproj", mmproj)):
+        if not p.is_file():
+            raise ModelError(p, f"no such model file ({key} in {where})")
+    return text, mmproj

@@ -1,6 +1,11 @@
 """The real engine behind the pipeline's PageEngine protocol: LightOnOCR pages as sequences,
 prefilled one by one and decoded together (forward_batch), each leaving at EOS, max tokens or
-the repetition guard."""
+the repetition guard.
+
+Accelerators (engine/backends): `vision_backend` runs the vision stage (torch, Core ML; None =
+the numpy encoder in the model); `gpu_prefill` / `gpu_decode` run the prefill or batched decode
+projections on a torch `device` through a mirrored decoder (backends.device.GpuSwitches), off by
+default. The KV caches stay numpy, so a page prefilled on the device decodes on the CPU path."""
 
 from __future__ import annotations
 
@@ -51,12 +56,21 @@ class OCREngine:
     """PageEngine over a LightOnOCR model: vision() on the vision thread, prefill() and
     decode_step() on the CPU thread."""
 
-    def __init__(self, vlm: LightOnOCR, vision_backend=None):
+    def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
+                 gpu_decode: bool = False, device: str | None = None):
         self.vlm = vlm
         self.longest_edge = vlm.longest_edge
         self.stop_ids = vlm.stop_ids
         self.guard = RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
+        self.prefill_decoder = self.decode_decoder = vlm.decoder
+        self.switches = None
+        if gpu_prefill or gpu_decode:
+            from .backends.device import GpuSwitches  # imports torch (the gpu extra)
+
+            self.switches = GpuSwitches(vlm.decoder, prefill=gpu_prefill, decode=gpu_decode, device=device)
+            self.prefill_decoder = self.switches.prefill_decoder
+            self.decode_decoder = self.switches.decode_decoder
 
     def vision(self, image: Image.Image) -> np.ndarray:
         if self.vision_backend is not None:
@@ -66,7 +80,11 @@ class OCREngine:
     def prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
         n_prompt = len(self.vlm.prompt_ids(features.shape[0]))
         state = self.vlm.decoder.new_state(max_seq=n_prompt + sampling.max_tokens)
-        state, logits = self.vlm.prefill(features, state=state)
+        if self.prefill_decoder is self.vlm.decoder:
+            state, logits = self.vlm.prefill(features, state=state)
+        else:  # the same prompt through the device mirror; the KV cache it fills is numpy
+            ids, rows = self.vlm._prompt_and_rows(features)
+            logits = self.prefill_decoder.forward(state, ids, embd_rows=rows)
         seq = PageSeq(self, state, sampling, n_prompt)
         seq.accept(logits[-1])
         return seq
@@ -75,6 +93,6 @@ class OCREngine:
         live = [s for s in seqs if not s.finished]
         if not live:
             return
-        logits = batch_logits(self.vlm.decoder, [s.state for s in live], [s.generated[-1] for s in live])
+        logits = batch_logits(self.decode_decoder, [s.state for s in live], [s.generated[-1] for s in live])
         for s, row in zip(live, logits):
             s.accept(row)

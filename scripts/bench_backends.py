@@ -1,0 +1,406 @@
+"""Benchmarks of the accelerator seams (figures only, never assertions):
+
+    python scripts/bench_backends.py vision   [--layers 24] [--page 1540x1190] [--dtypes float32,bfloat16]
+    python scripts/bench_backends.py switches [--model text.gguf] [--batch 1,4,8]
+    python scripts/bench_backends.py overlap  [--model samples/tiny-model] [docs...]
+    python scripts/bench_backends.py all
+
+vision:   s/page of the vision encoder + projector at the real LightOnOCR-1B vision shapes (24
+          layers, hidden 1024, 16 heads, FFN 4096, projector to 1024) with RANDOM weights made in
+          memory, numpy vs torch (each dtype) on the devices this machine has; plus the error of
+          each torch dtype against numpy on the same weights. With --layers N < 24 the encoder
+          layers are timed on N layers and scaled to 24 (said in the table).
+switches: prefill and batched-decode times of the CPU path vs --gpu-prefill / --gpu-decode on the
+          torch device (default: the best one torch sees), and whether greedy streams are equal.
+overlap:  the real page pipeline on PDFs (default samples/docs/*.pdf, tiny model) per vision
+          backend: wall time vs per-stage busy time (vision thread, CPU thread) and the time both
+          were busy at once, with --overlap and --no-overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pantheon_ocr.engine.backends import has_module  # noqa: E402
+
+REAL_VISION = dict(n_embd=1024, n_ff=4096, n_layer=24, n_head=16, head_dim=64, projection_dim=1024)
+
+
+# -- random real-shape vision model (in memory) -------------------------------------------------
+def random_vision_model(n_layer: int, seed: int = 0, **shape):
+    """A LightOnOCR-1B-shaped vision tower + projector with random float32 weights, as the numpy
+    engine's own PixtralVision / Projector objects (no GGUF file), plus encode_image."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pantheon_ocr.engine.models.lightonocr import Projector
+    from pantheon_ocr.engine.models.pixtral import PixtralVision, VisionConfig
+    from pantheon_ocr.engine.weights import Weight
+
+    s = {**REAL_VISION, **shape, "n_layer": n_layer}
+    cfg = VisionConfig(projector_type="lightonocr", n_embd=s["n_embd"], n_ff=s["n_ff"], n_layer=n_layer,
+                       n_head=s["n_head"], head_dim=s["head_dim"], patch_size=14, longest_edge=1540, eps=1e-5,
+                       rope_base=10000.0, merge=2, projection_dim=s["projection_dim"],
+                       image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711))
+    rng = np.random.default_rng(seed)
+
+    def mat(name, out, inp):
+        w = rng.standard_normal((out, inp), dtype=np.float32) * np.float32(inp ** -0.5)
+        return Weight(name, Q.F32, (out, inp), w, "f32")
+
+    def norm(n):
+        return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    d, ff, p = cfg.n_embd, cfg.n_ff, cfg.projection_dim
+    vision = object.__new__(PixtralVision)
+    vision.cfg, vision.path, vision.blocked = cfg, "<random>", True
+    vision.patch_embd = mat("v.patch_embd.weight", d, 3 * 14 * 14)
+    vision.patch_bias = None
+    vision.pre_ln = norm(d)
+    vision.layers = [SimpleNamespace(
+        ln1=norm(d), ln2=norm(d), wq=mat("wq", d, d), wk=mat("wk", d, d), wv=mat("wv", d, d), wo=mat("wo", d, d),
+        bq=None, bk=None, bv=None, bo=None, gate=mat("gate", ff, d), up=mat("up", ff, d), down=mat("down", d, ff),
+        b_gate=None, b_up=None, b_down=None) for _ in range(n_layer)]
+    proj = object.__new__(Projector)
+    proj.merge, proj.eps = 2, 1e-6
+    proj.norm = norm(d)
+    proj.merger = mat("mm.patch_merger.weight", d, 4 * d)
+    proj.linear_1, proj.bias_1 = mat("mm.1.weight", p, d), None
+    proj.linear_2, proj.bias_2 = mat("mm.2.weight", p, p), None
+
+    def encode_image(px):
+        x, grid = vision.forward(px)
+        return proj.forward(x, grid)
+
+    return SimpleNamespace(vision=vision, projector=proj, vision_config=cfg, encode_image=encode_image)
+
+
+def bench_vision(args) -> list[dict]:
+    from pantheon_ocr.engine.backends import NumpyVisionBackend
+
+    h_px, w_px = (int(v) for v in args.page.split("x"))
+    h_px, w_px = -(-h_px // 14) * 14, -(-w_px // 14) * 14
+    n_layer = args.layers
+    vlm = random_vision_model(n_layer)
+    px = np.random.default_rng(1).standard_normal((3, h_px, w_px), dtype=np.float32)
+    scale = 24 / n_layer
+    print(f"# vision encoder + projector, LightOnOCR-1B shapes, random weights, page {h_px}x{w_px} px = "
+          f"{(h_px // 14) * (w_px // 14)} patches -> {(h_px // 28) * (w_px // 28)} image tokens; "
+          f"timed on {n_layer} layer(s)" + ("" if n_layer == 24 else f", scaled x{scale:g} to 24 layers"), flush=True)
+    rows = []
+    backends = [("numpy", "cpu", "float32", lambda: NumpyVisionBackend(vlm))]
+    if has_module("torch"):
+        import torch
+
+        from pantheon_ocr.engine.backends.torch_vision import TorchVisionBackend
+
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + (
+            ["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
+        for dev in devices:
+            for dt in args.dtypes.split(","):
+                backends.append(("torch", dev, dt, lambda dev=dev, dt=dt: TorchVisionBackend(vlm, device=dev, dtype=dt)))
+    ref = None
+    for name, dev, dt, make in backends:
+        be = make()
+        # Time the encoder layers apart from the fixed part (patch embedding + projector) so that
+        # a run on fewer layers scales honestly: total = fixed + per_layer * 24.
+        t0 = time.perf_counter()
+        out = be.encode(px)
+        total = time.perf_counter() - t0
+        fixed = _fixed_part_seconds(be, px, vlm)
+        per_page = fixed + (total - fixed) * scale
+        err = None if ref is None else float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+        if ref is None:
+            ref = out
+        row = dict(backend=name, device=dev, dtype=dt, layers_timed=n_layer, s_per_page=per_page,
+                   s_measured=total, rel_err_vs_numpy=err)
+        rows.append(row)
+        print(f"{name:6} {dev:5} {dt:9} {per_page:8.2f} s/page (measured {total:.2f} s)"
+              + ("" if err is None else f"  max rel err vs numpy {err:.2e}"), flush=True)
+        del be
+    return rows
+
+
+def _fixed_part_seconds(be, px, vlm) -> float:
+    """Seconds of the non-layer part (patch embedding, norm, projector) on this backend: the same
+    backend with its layers removed."""
+    if be.name == "numpy":
+        layers = vlm.vision.layers
+        vlm.vision.layers = []
+        try:
+            t0 = time.perf_counter()
+            be.encode(px)
+            return time.perf_counter() - t0
+        finally:
+            vlm.vision.layers = layers
+    mod = be.module
+    layers = mod.layers
+    import torch
+
+    mod.layers = torch.nn.ModuleList()
+    try:
+        t0 = time.perf_counter()
+        be.encode(px)
+        return time.perf_counter() - t0
+    finally:
+        mod.layers = layers
+
+
+# -- GPU switches -------------------------------------------------------------------------------
+def bench_switches(args) -> list[dict]:
+    from pantheon_ocr.engine import load_model
+    from pantheon_ocr.engine.backends import resolve_device
+    from pantheon_ocr.engine.backends.device import GpuSwitches
+    from pantheon_ocr.engine.batch import batch_logits
+
+    device = resolve_device(args.device)
+    models = args.model or _default_switch_models()
+    rows = []
+    for path in models:
+        tm = load_model(path, weights="f32")
+        dec = tm.decoder
+        sw = GpuSwitches(dec, prefill=True, decode=True, device=device)
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(0, tm.config.n_vocab, args.prefill).tolist()
+        dec.forward(dec.new_state(64), prompt[:16])  # warm-up
+        sw.prefill_decoder.forward(sw.prefill_decoder.new_state(64), prompt[:16])
+        for label, pre in (("cpu", dec), (f"torch-{device}", sw.prefill_decoder)):
+            best = min(_timed(lambda: pre.forward(pre.new_state(args.prefill + 1), prompt)) for _ in range(args.repeats))
+            rows.append(dict(model=Path(path).name, what="prefill", path=label, tokens=args.prefill, seconds=best,
+                             tok_s=args.prefill / best))
+        for b in (int(x) for x in args.batch.split(",")):
+            for label, d in (("cpu", dec), (f"torch-{device}", sw.decode_decoder)):
+                states = []
+                for i in range(b):
+                    st = dec.new_state(args.prefill + args.steps + 2)
+                    dec.forward(st, prompt[: 32 + i])
+                    states.append(st)
+                toks = [int(t) for t in rng.integers(0, tm.config.n_vocab, b)]
+                batch_logits(d, states, toks)  # warm-up step
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    logits = batch_logits(d, states, toks)
+                    toks = [int(t) for t in logits.argmax(-1)]
+                dt = (time.perf_counter() - t0) / args.steps
+                rows.append(dict(model=Path(path).name, what=f"decode B={b}", path=label, tokens=b, seconds=dt,
+                                 tok_s=b / dt))
+        rows += _stream_check(tm, sw, prompt[:48], args.steps)
+    print(f"# GPU switches on torch device {device!r} (weights f32; every switch does host<->device copies per matmul)")
+    print(f"{'model':34} {'what':12} {'path':12} {'s/call':>9} {'tok/s':>9}  verdict")
+    for i in range(0, len(rows)):
+        r = rows[i]
+        if r["what"] == "greedy streams":
+            print(f"{r['model'][:34]:34} greedy streams equal to the CPU path: {r['equal']}")
+            continue
+        verdict = ""
+        if r["path"] != "cpu":
+            base = next(x for x in rows if x["model"] == r["model"] and x["what"] == r["what"] and x["path"] == "cpu")
+            ratio = base["seconds"] / r["seconds"]
+            verdict = (f"LOSES to the CPU path ({1 / ratio:.2f}x slower)" if ratio < 0.97 else
+                       f"wins ({ratio:.2f}x faster)" if ratio > 1.03 else "ties the CPU path")
+            r["speedup_vs_cpu"] = ratio
+        print(f"{r['model'][:34]:34} {r['what']:12} {r['path']:12} {r['seconds']:9.4f} {r['tok_s']:9.1f}  {verdict}")
+    return rows
+
+
+def _stream_check(tm, sw, prompt, n) -> list[dict]:
+    """Greedy streams: CPU prefill+decode vs device prefill + CPU decode vs CPU prefill + device decode."""
+    from pantheon_ocr.engine.batch import batch_logits
+
+    def run(pre, dec, b=3):
+        states, outs = [], []
+        for i in range(b):
+            st = pre.new_state(len(prompt) + n + 2)
+            lg = pre.forward(st, prompt[: len(prompt) - i])
+            states.append(st)
+            outs.append([int(lg[-1].argmax())])
+        for _ in range(n):
+            lg = batch_logits(dec, states, [o[-1] for o in outs])
+            for o, row in zip(outs, lg):
+                o.append(int(row.argmax()))
+        return outs
+
+    d = tm.decoder
+    want = run(d, d)
+    equal = run(sw.prefill_decoder, d) == want and run(d, sw.decode_decoder) == want
+    return [dict(model=Path(tm.path).name, what="greedy streams", path="-", equal=equal)]
+
+
+def _default_switch_models() -> list[str]:
+    models = [str(ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "text.gguf")]
+    try:
+        from pantheon_ocr.pypi_models import smollm2_path
+
+        models.append(str(smollm2_path()))
+    except Exception:  # noqa: BLE001 - optional model package
+        pass
+    return models
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# -- overlap proof ------------------------------------------------------------------------------
+class StageClock:
+    """Wraps a PageEngine and records the busy intervals of the vision stage and the CPU stage."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.longest_edge = engine.longest_edge
+        self.spans = {"vision": [], "cpu": []}
+        self._lock = threading.Lock()
+
+    def _timed(self, stage, fn, *a):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a)
+        finally:
+            with self._lock:
+                self.spans[stage].append((t0, time.perf_counter()))
+
+    def vision(self, image):
+        return self._timed("vision", self.engine.vision, image)
+
+    def prefill(self, features, sampling):
+        return self._timed("cpu", self.engine.prefill, features, sampling)
+
+    def decode_step(self, seqs):
+        return self._timed("cpu", self.engine.decode_step, seqs)
+
+    def report(self, wall: float) -> dict:
+        busy = {k: sum(e - s for s, e in v) for k, v in self.spans.items()}
+        both = _intersection(_union(self.spans["vision"]), _union(self.spans["cpu"]))
+        return dict(wall_s=wall, vision_busy_s=busy["vision"], cpu_busy_s=busy["cpu"], both_busy_s=both,
+                    busy_sum_over_wall=(busy["vision"] + busy["cpu"]) / wall if wall else 0.0)
+
+
+def _union(spans):
+    out = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _intersection(a, b) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def bench_overlap(args) -> list[dict]:
+    from pantheon_ocr.commands.transcribe import build_engine, resolve_model
+    from pantheon_ocr.pipeline import run_pipeline
+    from pantheon_ocr.pipeline_types import PipelineOptions, SamplingOptions
+    from pantheon_ocr.render import expand_inputs
+
+    text, mmproj = resolve_model(args.model, args.mmproj)
+    docs = expand_inputs(args.docs or [str(p) for p in sorted((ROOT / "samples" / "docs").glob("*.pdf"))])
+    backends = [("numpy", None)] + ([("torch", "cpu")] if has_module("torch") else [])
+    rows = []
+    for name, dev in backends:
+        engine = build_engine(text, mmproj, "f32", name, dev)
+        for overlap in (True, False):
+            clock = StageClock(engine)
+            opts = PipelineOptions(out_dir=Path(tempfile.mkdtemp(prefix="bench-overlap-")), overwrite=True,
+                                   overlap=overlap, batch_size=args.batch_size,
+                                   sampling=SamplingOptions(max_tokens=args.max_tokens,
+                                                            temperature=args.temperature, seed=1))
+            t0 = time.perf_counter()
+            summary = run_pipeline(docs, clock, opts)
+            wall = time.perf_counter() - t0
+            r = dict(backend=f"{name}" + (f"-{dev}" if dev else ""), overlap=overlap, pages=summary.pages_done,
+                     tokens=summary.tokens, **clock.report(wall))
+            rows.append(r)
+    print(f"# page pipeline on {len(docs)} document(s), model {Path(text).name}, max_tokens {args.max_tokens}, "
+          f"temperature {args.temperature}, batch {args.batch_size}: busy = seconds inside engine calls per stage "
+          "thread; both busy = seconds when both stages were inside an engine call")
+    print(f"{'backend':10} {'overlap':7} {'pages':>5} {'tokens':>6} {'wall s':>7} {'vision busy':>11} {'cpu busy':>9} "
+          f"{'both busy':>9} {'busy/wall':>9}")
+    for r in rows:
+        print(f"{r['backend']:10} {str(r['overlap']):7} {r['pages']:5d} {r['tokens']:6d} {r['wall_s']:7.2f} {r['vision_busy_s']:11.2f} "
+              f"{r['cpu_busy_s']:9.2f} {r['both_busy_s']:9.2f} {r['busy_sum_over_wall']:9.2f}")
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["vision", "switches", "overlap", "all"])
+    ap.add_argument("--layers", type=int, default=24, help="vision: encoder layers to time (scaled to 24)")
+    ap.add_argument("--page", default="1540x1190", help="vision: page size HxW in px (default: Letter at 1540)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="vision: torch dtypes")
+    ap.add_argument("--model", action="append", help="switches: decoder GGUF(s); overlap: text GGUF or model dir")
+    ap.add_argument("--mmproj", help="overlap: mmproj GGUF")
+    ap.add_argument("--device", default=None, help="switches: torch device (default: best available)")
+    ap.add_argument("--prefill", type=int, default=512, help="switches: prompt tokens")
+    ap.add_argument("--batch", default="1,4,8", help="switches: decode batch sizes")
+    ap.add_argument("--steps", type=int, default=16, help="switches: decode steps timed")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=200, help="overlap: tokens per page")
+    ap.add_argument("--batch-size", type=int, default=4, help="overlap: pages decoded together")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="overlap: sampling temperature (1.0: the random tiny model then writes max-tokens "
+                         "per page instead of stopping early on its repetition guard)")
+    ap.add_argument("--json", help="also write every row to this JSON file")
+    ap.add_argument("docs", nargs="*", help="overlap: documents (default samples/docs/*.pdf)")
+    args = ap.parse_args(argv)
+    if has_module("torch"):
+        from pantheon_ocr.engine.backends import require_torch
+
+        require_torch()  # first torch import through the engine (sets OMP_WAIT_POLICY=PASSIVE)
+    out = {"machine": _machine()}
+    print(f"# machine: {out['machine']}", flush=True)
+    if args.what in ("vision", "all"):
+        out["vision"] = bench_vision(args)
+    if args.what in ("switches", "all"):
+        out["switches"] = bench_switches(args)
+    if args.what in ("overlap", "all"):
+        if args.model and len(args.model) > 1:
+            ap.error("overlap takes one --model")
+        args.model = (args.model or [str(ROOT / "samples" / "tiny-model")])[0]
+        out["overlap"] = bench_overlap(args)
+    out["load_after"] = os.getloadavg()[0]
+    print(f"# 1-minute load average at the end: {out['load_after']:.2f} (other processes share these cores)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def _machine() -> dict:
+    import platform
+
+    info = dict(cpus=os.cpu_count(), system=platform.system(), machine=platform.machine(),
+                load_before=round(os.getloadavg()[0], 2))
+    if has_module("torch"):
+        import torch
+
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                    cuda=torch.cuda.is_available(), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY"))
+    return info
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The torch vision backend against the numpy engine and the transformers reference (tiny
+LightOnOCR fixture), including the padded-bucket path the Core ML programs are traced from."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+# as the engine does before importing torch (backends.require_torch): no OpenMP spinning
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+torch = pytest.importorskip("torch")
+
+from pantheon_ocr.engine import load_vlm  # noqa: E402
+from pantheon_ocr.engine.backends import make_vision_backend  # noqa: E402
+from pantheon_ocr.engine.backends.buckets import bucket_grid, merged_rows, pad_pixels, patch_mask  # noqa: E402
+from pantheon_ocr.engine.backends.torch_vision import TorchVisionBackend, unpermute_qk  # noqa: E402
+from pantheon_ocr.engine.ops import apply_rope, rope_angles_2d  # noqa: E402
+
+from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT  # noqa: E402
+
+IMAGES = ["a_rgb_150x110", "b_wide_2000x437", "c_rgba_90x60", "d_text_300x120"]
+REL = 1e-4
+BF16_REL = 5e-2  # measured ~1e-2 on the fixture (8-bit mantissa through 3 layers + projector)
+
+
+@lru_cache(maxsize=None)
+def vlm(mode="f32"):
+    return load_vlm(LIGHTONOCR_TEXT, LIGHTONOCR_MMPROJ, weights=mode)
+
+
+@lru_cache(maxsize=None)
+def backend(dtype="float32", mode="f32"):
+    return make_vision_backend("torch", vlm(mode), device="cpu", dtype=dtype)
+
+
+def pixels(name):
+    return vlm().preprocess(LIGHTONOCR_DIR / "images" / f"{name}.png")
+
+
+def rel_err(a, b):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
+
+
+def test_unpermuted_split_half_rope_equals_adjacent_pairs():
+    rng = np.random.default_rng(0)
+    n, heads, d = 12, 3, 16
+    w = rng.standard_normal((heads * d, 8)).astype(np.float32)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    rows, cols = np.divmod(np.arange(n), 4)
+    cos, sin = rope_angles_2d(rows, cols, d, 10000.0)
+    a = apply_rope((x @ w.T).reshape(n, heads, d), cos, sin, neox=False)  # GGUF order
+    b = apply_rope((x @ unpermute_qk(w, heads).T).reshape(n, heads, d), cos, sin, neox=True)  # HF order
+    # same vectors up to the per-head permutation, so every q.k product is equal
+    assert np.allclose(np.einsum("nhd,mhd->hnm", a, a), np.einsum("nhd,mhd->hnm", b, b), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_float32_equals_numpy_and_reference(name):
+    px = pixels(name)
+    out = backend().encode(px)
+    assert out.dtype == np.float32
+    assert rel_err(out, vlm().encode_image(px)) <= REL
+    with np.load(LIGHTONOCR_DIR / f"ref_{name}.npz") as r:
+        assert rel_err(out, r["image_features"]) <= REL
+
+
+def test_quantized_storage_gives_the_same_module():
+    px = pixels("d_text_300x120")
+    assert rel_err(backend("float32", "quantized").encode(px), backend().encode(px)) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_error_is_bounded(dtype, record_property):
+    images = IMAGES if dtype == "bfloat16" else IMAGES[2:]  # float16 on CPU is slow: small images only
+    errs = {name: rel_err(backend(dtype).encode(pixels(name)), vlm().encode_image(pixels(name))) for name in images}
+    record_property(f"{dtype}_rel_err", max(errs.values()))
+    print(f"{dtype} max relative error vs numpy float32: " + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()))
+    assert max(errs.values()) <= BF16_REL
+
+
+@pytest.mark.parametrize("name,bucket", [("a_rgb_150x110", None), ("c_rgba_90x60", None),
+                                         ("d_text_300x120", None), ("c_rgba_90x60", (16, 24))])
+def test_padded_bucket_with_key_mask_is_exact(name, bucket):
+    """The form the Core ML programs are traced in: padded grid + key mask + row selection."""
+    px = pixels(name)
+    h, w = px.shape[1] // 14, px.shape[2] // 14
+    hb, wb = bucket or bucket_grid(h, w, max_side=110)
+    assert (hb, wb) != (h, w)
+    mod = backend().module
+    with torch.inference_mode():
+        out = mod(torch.from_numpy(pad_pixels(px, hb, wb, 14))[None], torch.from_numpy(patch_mask(h, w, hb, wb))[None])
+    assert out.shape == ((hb // 2) * (wb // 2), 64)
+    assert rel_err(out.numpy()[merged_rows(h, w, hb, wb)], vlm().encode_image(px)) <= REL
+
+
+def test_bad_pixels_and_dtype():
+    with pytest.raises(ValueError, match="multiples of 14"):
+        backend().encode(np.zeros((3, 20, 28), np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        TorchVisionBackend(vlm(), dtype="int8")
+
+
+def test_ocr_engine_with_torch_vision_gives_the_same_tokens():
+    from pantheon_ocr.engine.page_engine import OCREngine
+    from pantheon_ocr.pipeline_types import SamplingOptions
+
+    image = LIGHTONOCR_DIR / "images" / "d_text_300x120.png"
+    sampling = SamplingOptions(max_tokens=8)
+    runs = []
+    for be in (None, backend()):
+        engine = OCREngine(vlm(), be)
+        seq = engine.prefill(engine.vision(image), sampling)
+        while not seq.finished:
+            engine.decode_step([seq])
+        runs.append(seq.generated)
+    assert runs[0] == runs[1] and len(runs[0]) == 8

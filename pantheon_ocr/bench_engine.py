@@ -1,13 +1,41 @@
-"""Engine benchmarks: prefill and decode tokens/s per storage mode, beside a bare numpy
-roofline that runs the same GEMM shapes with nothing else around them."""
+"""Engine benchmarks (figures, never assertions).
+
+- `bench_decoder`: prefill and decode tokens/s of a decoder GGUF per storage mode, beside a bare
+  numpy roofline that runs the same GEMM shapes with nothing else around them.
+- `bench_vision` / `bench_prefill`: the LightOnOCR stages for one page (a Letter page rendered at
+  the model's 1540 px is ~9,350 patches and ~2,310 image tokens): vision encoder + projector
+  seconds, prefill seconds with blocked (flash) or naive attention.
+- `bench_decode`: `forward_batch` alone, decode tokens/s against the batch size B.
+
+Every configuration can run in its own subprocess (`run_isolated`), so that it gets its own
+peak RSS (ru_maxrss) and its own BLAS thread count (OPENBLAS_NUM_THREADS etc. are read once, when
+numpy loads). Layers can be dropped at load (`layers=`) to fit a slow machine: every layer of a
+tower has the same shapes, so the full-depth time is estimated as the time outside the layers
+plus the median layer time x the full layer count; rows say when they are such estimates.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
+
+LETTER_IN = (8.5, 11.0)  # page size in inches (width, height)
+A4_IN = (8.27, 11.69)
+PAGE_SIZES = {"letter": LETTER_IN, "a4": A4_IN}
+_RESULT_MARK = "@@bench-result@@ "
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# -------------------------------------------------------------------------------- decoders
 
 
 @dataclass(frozen=True)
@@ -77,3 +105,318 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
         prefill_tok_s=prefill_tokens / prefill, decode_tok_s=decode_tokens / decode,
         roofline_prefill_tok_s=prefill_tokens / roof_p, roofline_decode_tok_s=1 / roof_d, load_s=load_s,
     )
+
+
+# ---------------------------------------------------------------------- synthetic pages
+
+
+def page_pixels(page: str = "letter", longest_edge: int = 1540) -> tuple[int, int]:
+    """(width, height) in pixels of a portrait page rendered with its long side at longest_edge."""
+    w_in, h_in = PAGE_SIZES[page]
+    return round(longest_edge * w_in / h_in), longest_edge
+
+
+def synthetic_page(width: int, height: int, seed: int = 0):
+    """A page-like RGB image: white paper, a title, lines of text, a ruled table (PIL only)."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    margin = max(4, width // 12)
+    line_h = max(6, height // 70)
+    words = ["the", "archive", "ledger", "of", "1897", "page", "total", "river", "north", "account",
+             "received", "paid", "office", "committee", "report", "annual", "—", "§", "12.5", "and"]
+    y = margin
+    draw.text((margin, y), "ANNUAL REPORT " + str(seed), fill="black")
+    y += 2 * line_h
+    while y < height - margin:
+        if rng.random() < 0.08:  # a small table
+            rows, cols = int(rng.integers(3, 6)), int(rng.integers(2, 5))
+            cw = (width - 2 * margin) // cols
+            for r in range(rows + 1):
+                draw.line([(margin, y + r * line_h), (margin + cols * cw, y + r * line_h)], fill="black")
+            for c in range(cols + 1):
+                draw.line([(margin + c * cw, y), (margin + c * cw, y + rows * line_h)], fill="black")
+            y += (rows + 1) * line_h
+            continue
+        text = " ".join(rng.choice(words, size=int(rng.integers(6, 14))))
+        draw.text((margin, y), text, fill="black")
+        y += line_h
+    return img
+
+
+# ---------------------------------------------------------------------- stage benchmarks
+
+
+def _truncate(layers: list, n: int | None) -> tuple[list, bool]:
+    if n is None or n >= len(layers):
+        return layers, False
+    if n < 1:
+        raise ValueError(f"layers must be at least 1, got {n}")
+    return layers[:n], True
+
+
+def _time_layers(obj, times: list[float]) -> None:
+    """Record the duration of every `obj._layer(...)` call into `times` (instance-level wrap)."""
+    inner = obj._layer
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = inner(*args, **kwargs)
+        times.append(time.perf_counter() - t)
+        return out
+
+    obj._layer = timed
+
+
+def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -> float:
+    """Full-depth seconds from a run of n_run layers: outside-the-layers time + median layer x n_full."""
+    per_run = layer_times[-n_run:]
+    outside = total - sum(per_run)
+    return outside + float(np.median(per_run)) * n_full
+
+
+def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, repeats: int = 1,
+                 page: str = "letter", longest_edge: int | None = None, seed: int = 0) -> dict:
+    """Vision encoder + projector on one synthetic page: seconds per page (median of repeats)."""
+    from .engine.gguf import open_gguf
+    from .engine.models.lightonocr import Projector
+    from .engine.models.pixtral import PixtralVision, vision_config
+    from .engine.preprocess import preprocess
+    from .engine.weights import WeightLoader
+
+    t0 = time.perf_counter()
+    gf = open_gguf(mmproj)
+    vc = vision_config(gf)
+    vision = PixtralVision(gf, vc, storage)
+    projector = Projector(WeightLoader(gf, storage), vc, 1e-6)  # the text eps (LightOnOCR: 1e-6)
+    load_s = time.perf_counter() - t0
+    rss_load = _rss_now_mb()
+    n_full = len(vision.layers)
+    vision.layers, truncated = _truncate(vision.layers, layers)
+    edge = longest_edge or vc.longest_edge
+    img = synthetic_page(*page_pixels(page, edge), seed=seed)
+    t = time.perf_counter()
+    pixels = preprocess(img, longest_edge=edge, patch_size=vc.patch_size, mean=vc.image_mean, std=vc.image_std,
+                        merge=vc.merge)
+    preprocess_s = time.perf_counter() - t
+    layer_times: list[float] = []
+    _time_layers(vision, layer_times)
+    runs, proj_runs, estimates = [], [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x, grid = vision.forward(pixels)
+        t_enc = time.perf_counter() - t
+        t = time.perf_counter()
+        feats = projector.forward(x, grid)
+        t_proj = time.perf_counter() - t
+        runs.append(t_enc + t_proj)
+        proj_runs.append(t_proj)
+        estimates.append(_estimate(t_enc, layer_times, len(vision.layers), n_full) + t_proj)
+    return {
+        "stage": "vision", "storage": storage, "mmproj": str(mmproj),
+        "image": f"{pixels.shape[2]}x{pixels.shape[1]}", "patches": int(grid[0] * grid[1]),
+        "image_tokens": int(feats.shape[0]), "layers_run": len(vision.layers), "layers_full": n_full,
+        "estimated": truncated, "repeats": repeats,
+        "seconds_run": float(np.median(runs)), "seconds_page": float(np.median(estimates)),
+        "layer_s": float(np.median(layer_times)), "projector_s": float(np.median(proj_runs)),
+        "preprocess_s": preprocess_s, "load_s": load_s, "rss_after_load_mb": rss_load,
+    }
+
+
+def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: int | None = None,
+                  image_tokens: int | None = None, repeats: int = 1, page: str = "letter",
+                  longest_edge: int = 1540, patch: int = 14, merge: int = 2, seed: int = 0,
+                  q_block: int | None = None) -> dict:
+    """Prefill of one page's prompt (image rows as embedding overrides): seconds per page.
+    q_block: query rows per flash tile (None: the engine's default, attention.Q_BLOCK)."""
+    from functools import partial
+
+    from .engine import TextModel
+    from .engine import attention
+    from .engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
+
+    t0 = time.perf_counter()
+    tm = TextModel(model, storage)
+    load_s = time.perf_counter() - t0
+    rss_load = _rss_now_mb()
+    dec, cfg = tm.decoder, tm.config
+    if image_tokens is None:  # the page's resized size -> (H // 28) * (W // 28)
+        from .engine.preprocess import target_size
+
+        w, h = page_pixels(page, longest_edge)
+        hh, ww = target_size(h, w, longest_edge, patch)
+        image_tokens = (hh // (patch * merge)) * (ww // (patch * merge))
+    ids: list[int] = []
+    for piece in PROMPT_PIECES:
+        ids += [tm.tokenizer.token_id(IMAGE_TOKEN)] * image_tokens if piece is None else [tm.tokenizer.token_id(piece)]
+    idx = np.flatnonzero(np.asarray(ids) == tm.tokenizer.token_id(IMAGE_TOKEN))
+    rows = np.random.default_rng(seed).standard_normal((image_tokens, cfg.n_embd), dtype=np.float32) * 0.6
+    n_full = len(dec.layers)
+    dec.layers, truncated = _truncate(dec.layers, layers)
+    dec.flash = flash
+    layer_times: list[float] = []
+    _time_layers(dec, layer_times)
+    runs, estimates = [], []
+    original = attention.flash_attention
+    if q_block:  # cached_attention looks flash_attention up in its module at call time
+        attention.flash_attention = partial(original, q_block=q_block)
+    try:
+        for _ in range(repeats):
+            state = dec.new_state(max_seq=len(ids) + 1)
+            t = time.perf_counter()
+            logits = dec.forward(state, ids, embd_rows=(idx, rows))
+            total = time.perf_counter() - t
+            runs.append(total)
+            estimates.append(_estimate(total, layer_times, len(dec.layers), n_full))
+            if not np.all(np.isfinite(logits)):
+                raise RuntimeError("prefill produced non-finite logits")
+            del state
+    finally:
+        attention.flash_attention = original
+    sec = float(np.median(estimates))
+    return {
+        "stage": "prefill", "storage": storage, "attention": "flash" if flash else "naive", "model": str(model),
+        "q_block": (q_block or attention.Q_BLOCK) if flash else None,
+        "prompt_tokens": len(ids), "image_tokens": image_tokens, "layers_run": len(dec.layers),
+        "layers_full": n_full, "estimated": truncated, "repeats": repeats,
+        "seconds_run": float(np.median(runs)), "seconds_page": sec, "tok_s": len(ids) / sec,
+        "layer_s": float(np.median(layer_times)), "load_s": load_s, "rss_after_load_mb": rss_load,
+    }
+
+
+def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32), context: int = 256,
+                 steps: int = 8, layers: int | None = None, seed: int = 0) -> dict:
+    """forward_batch alone: B sequences, each with `context` cached positions (random K/V: the
+    values do not change the cost), advanced one token per step. The batch sizes take turns
+    step by step (round robin), so that a change in machine load hits them all alike; the
+    median step time per B gives tokens/s = B / step."""
+    from .engine import TextModel
+    from .engine.batch import forward_batch
+
+    t0 = time.perf_counter()
+    tm = TextModel(model, storage)
+    load_s = time.perf_counter() - t0
+    rss_load = _rss_now_mb()
+    dec, cfg = tm.decoder, tm.config
+    n_full = len(dec.layers)
+    dec.layers, truncated = _truncate(dec.layers, layers)
+    rng = np.random.default_rng(seed)
+    kv = rng.standard_normal((cfg.n_head_kv, context, cfg.head_dim), dtype=np.float32)
+    groups = {}
+    for b in batch_sizes:
+        states = []
+        for _ in range(b):
+            s = dec.new_state(max_seq=context + steps + 2)
+            for i in range(len(dec.layers)):
+                s.cache.write(i, 0, kv, kv)
+            s.pos = context
+            states.append(s)
+        tokens = rng.integers(0, cfg.n_vocab, b).tolist()
+        forward_batch(dec, states, tokens)  # warm-up (and the KV caches reach their final size)
+        groups[b] = (states, tokens, [])
+    for _ in range(steps):
+        for b, (states, tokens, times) in groups.items():
+            t = time.perf_counter()
+            logits = forward_batch(dec, states, tokens)
+            times.append(time.perf_counter() - t)
+            tokens[:] = logits.argmax(axis=-1).tolist()
+    rows = []
+    shapes = matmul_shapes(dec)
+    if truncated:
+        shapes = Counter({k: (v * n_full // len(dec.layers) if k != dec.output.shape else v) for k, v in shapes.items()})
+    for b, (states, tokens, times) in groups.items():
+        step = float(np.median(times))
+        x = rng.standard_normal((b, cfg.n_embd), dtype=np.float32)
+        head = float(np.median([_timed(lambda: dec.logits_of(x)) for _ in range(3)]))
+        if truncated:  # scale the layer part only; the LM head runs once per step at any depth
+            step = head + (step - head) * n_full / len(dec.layers)
+        # The bare GEMMs of one step at M = B (float32 BLAS, nothing around them), same load.
+        roof = roofline_seconds(shapes, b, repeats=3) if storage == "f32" else None
+        rows.append({"batch": b, "step_s": step, "tok_s": b / step, "head_s": head,
+                     "roofline_tok_s": b / roof if roof else None, "steps_s": [round(t, 4) for t in times]})
+    base = rows[0]["tok_s"]
+    for r in rows:
+        r["speedup_vs_first"] = r["tok_s"] / base
+    return {
+        "stage": "decode", "storage": storage, "model": str(model), "context": context, "steps": steps,
+        "layers_run": len(dec.layers), "layers_full": n_full, "estimated": truncated, "rows": rows,
+        "load_s": load_s, "rss_after_load_mb": rss_load,
+    }
+
+
+# ------------------------------------------------------------------- subprocess isolation
+
+
+def _rss_now_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, isolate: bool = True) -> dict:
+    """Call `module:function(**kwargs)` in a fresh Python process (own peak RSS, own BLAS thread
+    count) and return its dict, with peak_rss_mb, load average and wall seconds added. With
+    isolate=False it runs in this process (tests; peak RSS is then this process's)."""
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    if not isolate:
+        result = _call(func, kwargs)
+        result["peak_rss_mb"] = peak_rss_mb()
+    else:
+        env = dict(os.environ)
+        if threads:
+            env.update({k: str(threads) for k in BLAS_ENV})
+        payload = json.dumps({"func": func, "kwargs": kwargs})
+        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench_engine", payload], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"benchmark child {func} failed (exit {proc.returncode}): " + " | ".join(tail))
+        result = json.loads(lines[-1][len(_RESULT_MARK):])
+    result["threads"] = threads or "default"
+    result["load_avg_before"] = round(load0, 2)
+    result["load_avg_after"] = round(os.getloadavg()[0], 2)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def _call(func: str, kwargs: dict[str, Any]) -> dict:
+    from importlib import import_module
+
+    module, name = func.split(":")
+    return getattr(import_module(module), name)(**kwargs)
+
+
+def _child(payload: str) -> int:
+    spec = json.loads(payload)
+    result = _call(spec["func"], spec["kwargs"])
+    result["peak_rss_mb"] = peak_rss_mb()
+    print(_RESULT_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+def cpu_info() -> str:
+    """A one-line machine description for benchmark headers."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    la = os.getloadavg()
+    return f"{os.cpu_count()} cores {model}; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,10 +1,56 @@
-"""`pantheon-ocr bench ...`: throughput benchmarks (figures, never assertions)."""
+"""`pantheon-ocr bench ...`: throughput benchmarks (figures, never assertions).
+
+    bench generate   decoder prefill/decode tok/s per storage mode beside a numpy GEMM roofline
+    bench ocr        LightOnOCR vision encoder and prefill seconds per page (flash vs naive,
+                     storage modes, BLAS threads), each configuration in its own process
+    bench decode     forward_batch alone: decode tokens/s against the batch size
+    bench pages      the real pipeline over PDFs or synthetic pages, per-page figures,
+                     configurations side by side (batch size, storage, flash, overlap, threads)
+
+Configuration lists are comma-separated (`--batch-size 1,8 --weights quantized,f32`); every
+combination runs, one process each, so each has its own peak RSS and BLAS thread count.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
+
+from ..errors import UsageError
+
+
+def _ints(value: str, name: str, low: int = 1) -> list[int]:
+    try:
+        out = [int(v) for v in str(value).split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{name}: expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) < low:
+        raise UsageError(f"{name}: values must be >= {low}, got {value!r}")
+    return out
+
+
+def _choices(value: str, name: str, allowed: tuple[str, ...]) -> list[str]:
+    out = [v.strip() for v in str(value).split(",") if v.strip()]
+    bad = [v for v in out if v not in allowed]
+    if not out or bad:
+        raise UsageError(f"{name}: expected comma-separated values of {', '.join(allowed)}, got {value!r}")
+    return list(dict.fromkeys(out))
+
+
+def _on_off(value: str, name: str) -> list[bool]:
+    return [v == "on" for v in _choices(value, name, ("on", "off"))]
+
+
+def _threads(value: str | None) -> list[int | None]:
+    return [None] if not value else _ints(value, "--threads")
+
+
+def _write_json(path: str | None, data) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        click.echo(f"wrote {path}", err=True)
 
 
 @click.group()
@@ -22,15 +68,175 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
     """Prefill and decode tokens/s per model and storage mode, with a numpy GEMM roofline."""
-    from ..bench_engine import bench_decoder
+    from ..bench_engine import bench_decoder, cpu_info
 
     rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models for s in storages]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    click.echo(f"# {cpu_info()}")
     click.echo(f"{'model':40} {'storage':9} {'prefill tok/s':>13} {'roofline':>9} {'ratio':>6} "
                f"{'decode tok/s':>12} {'roofline':>9}")
     for r in rows:
         click.echo(f"{r['model'][-40:]:40} {r['storage']:9} {r['prefill_tok_s']:13.1f} "
                    f"{r['roofline_prefill_tok_s']:9.1f} {r['roofline_prefill_tok_s'] / r['prefill_tok_s']:6.2f} "
                    f"{r['decode_tok_s']:12.2f} {r['roofline_decode_tok_s']:9.1f}")
+
+
+@bench.command("ocr")
+@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Text GGUF (qwen3).")
+@click.option("--mmproj", required=True, type=click.Path(exists=True, dir_okay=False), help="mmproj GGUF.")
+@click.option("--stage", default="vision,prefill", show_default=True, help="vision,prefill")
+@click.option("--weights", default="quantized,f32", show_default=True, help="Storage modes: quantized,f32")
+@click.option("--flash", default="on,off", show_default=True, help="Prefill attention: on = blocked, off = naive.")
+@click.option("--threads", default=None, help="BLAS threads per configuration, e.g. 1,2 (default: numpy's).")
+@click.option("--q-block", "q_blocks", default=None, help="Flash query rows per tile, e.g. 32,256 (default: the engine's).")
+@click.option("--vision-layers", type=click.IntRange(1), help="Run only N vision layers; full depth estimated.")
+@click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
+@click.option("--page", type=click.Choice(["letter", "a4"]), default="letter", show_default=True)
+@click.option("--longest-edge", type=click.IntRange(28), default=1540, show_default=True)
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Median of N runs.")
+@click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
+def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, text_layers, page, longest_edge,
+        repeats, in_process, json_path) -> None:
+    """Vision encoder and prefill seconds per page at the model's shapes (synthetic page)."""
+    from ..bench_engine import cpu_info, run_isolated
+
+    stages = _choices(stage, "--stage", ("vision", "prefill"))
+    storages = _choices(weights, "--weights", ("quantized", "f32"))
+    flashes = _on_off(flash, "--flash")
+    thread_list = _threads(threads)
+    q_block_list = [None] if not q_blocks else _ints(q_blocks, "--q-block")
+    click.echo(f"# {cpu_info()}")
+    rows = []
+    for th in thread_list:
+        for st in storages:
+            if "vision" in stages:
+                kw = dict(mmproj=mmproj, storage=st, layers=vision_layers, repeats=repeats, page=page,
+                          longest_edge=longest_edge)
+                rows.append(run_isolated("pantheon_ocr.bench_engine:bench_vision", kw, th, not in_process))
+                _ocr_line(rows[-1], header=len(rows) == 1)
+            if "prefill" in stages:
+                for fl in flashes:
+                    for qb in (q_block_list if fl else [None]):
+                        kw = dict(model=model, storage=st, flash=fl, layers=text_layers, repeats=repeats, page=page,
+                                  longest_edge=longest_edge, q_block=qb)
+                        rows.append(run_isolated("pantheon_ocr.bench_engine:bench_prefill", kw, th, not in_process))
+                        _ocr_line(rows[-1], header=len(rows) == 1)
+    if any(r["estimated"] for r in rows):
+        click.echo("* full depth estimated: time outside the layers + median layer time x all layers "
+                   "(only the first N layers ran)")
+    _write_json(json_path, rows)
+
+
+def _ocr_line(r: dict, header: bool) -> None:
+    if header:
+        click.echo(f"{'stage':8} {'weights':9} {'attn':9} {'threads':>7} {'layers':>7} {'tokens':>6} "
+                   f"{'s/page':>8} {'s/layer':>8} {'peak RSS':>9} {'load':>5}")
+    attn = r.get("attention", "flash")
+    if r.get("q_block"):
+        attn += f"/{r['q_block']}"
+    tokens = r.get("prompt_tokens", r.get("image_tokens"))
+    layers = f"{r['layers_run']}/{r['layers_full']}"
+    star = "*" if r["estimated"] else " "
+    click.echo(f"{r['stage']:8} {r['storage']:9} {attn:9} {str(r['threads']):>7} {layers:>7} {tokens:6d} "
+               f"{r['seconds_page']:7.2f}{star} {r['layer_s']:8.2f} {r['peak_rss_mb']:6.0f} MB "
+               f"{r['load_avg_before']:5.1f}")
+
+
+@bench.command("decode")
+@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Decoder GGUF.")
+@click.option("--weights", default="f32", show_default=True, help="Storage modes: quantized,f32")
+@click.option("--batch-size", "batch_sizes", default="1,4,8,16,32", show_default=True)
+@click.option("--context", default=256, show_default=True, type=click.IntRange(1),
+              help="Cached positions per sequence (a short page's prompt).")
+@click.option("--steps", default=8, show_default=True, type=click.IntRange(1), help="Timed steps (median).")
+@click.option("--threads", default=None, help="BLAS threads per configuration, e.g. 1,2.")
+@click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
+@click.option("--in-process", is_flag=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in_process, json_path) -> None:
+    """forward_batch alone: aggregate decode tokens/s for each batch size."""
+    from ..bench_engine import cpu_info, run_isolated
+
+    sizes = _ints(batch_sizes, "--batch-size")
+    click.echo(f"# {cpu_info()}")
+    click.echo(f"{'weights':9} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} {'x B=' + str(sizes[0]):>6} "
+               f"{'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
+    out = []
+    for th in _threads(threads):
+        for st in _choices(weights, "--weights", ("quantized", "f32")):
+            kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers)
+            r = run_isolated("pantheon_ocr.bench_engine:bench_decode", kw, th, not in_process)
+            out.append(r)
+            for row in r["rows"]:
+                click.echo(f"{st:9} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} {row['tok_s']:7.1f} "
+                           f"{row['speedup_vs_first']:6.2f} "
+                           f"{(format(row['roofline_tok_s'], '8.1f') if row.get('roofline_tok_s') else '       -')} "
+                           f"{row['head_s']:7.3f} {r['peak_rss_mb']:6.0f} MB "
+                           f"{r['load_avg_before']:5.1f}")
+    if any(r["estimated"] for r in out):
+        click.echo(f"step times scaled to full depth from {out[0]['layers_run']}/{out[0]['layers_full']} layers")
+    _write_json(json_path, out)
+
+
+@bench.command("pages")
+@click.argument("inputs", nargs=-1)
+@click.option("--model", help="Text GGUF, or a directory holding the text and mmproj GGUFs.")
+@click.option("--mmproj", help="mmproj GGUF.")
+@click.option("--synthetic", type=click.IntRange(1), help="Also OCR N synthetic Letter pages (one PDF).")
+@click.option("--batch-size", "batch_sizes", default="8", show_default=True, help="e.g. 1,8")
+@click.option("--weights", default="f32", show_default=True, help="e.g. quantized,f32")
+@click.option("--flash", default="on", show_default=True, help="e.g. on,off")
+@click.option("--overlap", default="on", show_default=True, help="e.g. on,off")
+@click.option("--threads", default=None, help="BLAS threads, e.g. 1,2 (default: numpy's).")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1), help="Per page.")
+@click.option("--ignore-eos/--stop-at-eos", default=False, show_default=True,
+              help="Generate exactly --max-tokens per page (random-weight models: no EOS, no loop guard).")
+@click.option("--longest-edge", type=click.IntRange(64), help="Render pages smaller than the model's 1540 px.")
+@click.option("--vision-layers", type=click.IntRange(1), help="Run only N vision layers (say so when quoting).")
+@click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers (say so when quoting).")
+@click.option("--pages-per-config", default="all", show_default=True,
+              help="'all', a number, or 'auto' = max(4, 2 x batch size) pages per configuration.")
+@click.option("--render-workers", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1),
+              help="Runs per configuration, taking turns; the median-wall run is reported.")
+@click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write [{config, pages, summary}, ...] for the archive report.")
+def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, max_tokens, ignore_eos,
+          longest_edge, vision_layers, text_layers, pages_per_config, render_workers, repeats, in_process,
+          json_path) -> None:
+    """Run the page pipeline over PDFs/images (or synthetic pages) per configuration; per-page
+    seconds by stage, tokens/s, pages/min, peak RSS, side by side."""
+    import tempfile
+
+    from ..bench import PageBenchOptions, bench_pages, expand_configs, format_table, synthetic_pdf
+    from ..bench_engine import cpu_info
+    from ..render import expand_inputs
+    from .transcribe import resolve_model
+
+    text_path, mmproj_path = resolve_model(model, mmproj)
+    if not inputs and not synthetic:
+        raise UsageError("give input PDFs/images or --synthetic N")
+    configs = expand_configs(
+        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", ("quantized", "f32")),
+        flash=_on_off(flash, "--flash"), overlap=_on_off(overlap, "--overlap"), threads=_threads(threads),
+    )
+    if pages_per_config not in ("all", "auto"):
+        _ints(pages_per_config, "--pages-per-config")
+    with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp:
+        docs = [str(d.path) for d in expand_inputs(list(inputs))] if inputs else []
+        if synthetic:
+            docs.append(str(synthetic_pdf(Path(tmp) / f"synthetic-{synthetic}.pdf", synthetic)))
+        opts = PageBenchOptions(
+            model=str(text_path), mmproj=str(mmproj_path), inputs=tuple(docs), max_tokens=max_tokens,
+            ignore_eos=ignore_eos, longest_edge=longest_edge, vision_layers=vision_layers, text_layers=text_layers,
+            pages_per_config=pages_per_config, render_workers=render_workers,
+        )
+        click.echo(f"# {cpu_info()}")
+        results = bench_pages(opts, configs, isolate=not in_process, repeats=repeats,
+                              on_result=lambda r: click.echo(format_table([r], header=False), err=True))
+    click.echo(format_table(results))
+    _write_json(json_path, results)

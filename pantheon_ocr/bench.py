@@ -1,0 +1,339 @@
+"""Per-page throughput benchmark: the real page pipeline (render workers, vision thread, CPU
+thread with continuous batching) over PDFs/images or synthetic pages, one configuration per
+process, configurations side by side.
+
+Result shape (JSON, one entry per configuration; the archive HTML report can show it):
+
+    [{"config":  {"name", "batch_size", "weights", "flash", "overlap", "threads", "max_tokens",
+                  "ignore_eos", "longest_edge", "vision_layers", "text_layers", "model", "mmproj"},
+      "pages":   [{"doc", "page", "n_tokens", "finish_reason", "error",
+                   "seconds": {"render", "vision", "prefill", "decode"}, "decode_tok_s"}, ...],
+      "summary": {"pages", "pages_failed", "tokens", "wall_s", "pages_per_min", "tokens_per_s",
+                  "decode_tok_s", "mean_batch", "busy_s": {"render", "vision", "prefill", "decode"},
+                  "mean_page_s": {...}, "load_s", "peak_rss_mb", "load_avg_before",
+                  "load_avg_after"}}, ...]
+
+Per-page seconds are as the pipeline records them: render in a worker process, vision on the
+vision thread, prefill on the CPU thread, decode = wall time of the batched steps the page took
+part in (shared with the other pages of the batch, so they do not add up across pages).
+`busy_s` is how long each stage kept its thread busy over the whole run (render: summed over
+pages, in the worker processes). `decode_tok_s` (summary) = generated tokens / decode busy time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+STAGES = ("render", "vision", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class PageConfig:
+    batch_size: int = 8
+    weights: str = "f32"
+    flash: bool = True
+    overlap: bool = True
+    threads: int | None = None  # BLAS threads (None: numpy's default)
+
+    @property
+    def name(self) -> str:
+        th = "" if self.threads is None else f" t{self.threads}"
+        return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
+                f"overlap={'on' if self.overlap else 'off'}{th}")
+
+
+@dataclass(frozen=True)
+class PageBenchOptions:
+    model: str
+    mmproj: str
+    inputs: tuple[str, ...]
+    max_tokens: int = 64
+    ignore_eos: bool = False  # every page generates exactly max_tokens (random-weight models)
+    longest_edge: int | None = None  # None: the model's (1540)
+    vision_layers: int | None = None  # run only the first N layers (say so when quoting figures)
+    text_layers: int | None = None
+    pages_per_config: str = "all"  # "all", "N" (first N pages of each document), "auto" = max(4, 2B)
+    render_workers: int = 2
+
+
+def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(True,), threads=(None,)) -> list[PageConfig]:
+    """Every combination, in a stable order (batch size varies fastest)."""
+    return [PageConfig(b, w, f, o, t) for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
+
+
+# ------------------------------------------------------------------------ synthetic input
+
+
+def synthetic_pdf(path: str | os.PathLike, n_pages: int, seed: int = 0) -> Path:
+    """A text PDF of n_pages Letter pages (Helvetica lines, a ruled table), written by hand so
+    that rendering it is real PDFium work. Deterministic for a given seed."""
+    rng = np.random.default_rng(seed)
+    words = ("the archive ledger of 1897 page total river north account received paid office committee "
+             "report annual section amount balance carried forward and to by from").split()
+    objects: list[bytes] = []  # object i+1
+
+    def add(body: bytes) -> int:
+        objects.append(body)
+        return len(objects)
+
+    catalog = add(b"")  # filled in below
+    pages_obj = add(b"")
+    font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    kids = []
+    for p in range(n_pages):
+        lines = [b"BT /F1 16 Tf 72 740 Td (ANNUAL REPORT - PAGE %d) Tj ET" % (p + 1)]
+        y = 712
+        while y > 72:
+            if rng.random() < 0.06 and y > 160:  # a ruled table
+                rows, cols = int(rng.integers(3, 6)), int(rng.integers(2, 5))
+                cw = 468 // cols
+                for r in range(rows + 1):
+                    lines.append(b"72 %d m %d %d l S" % (y - r * 14, 72 + cols * cw, y - r * 14))
+                for c in range(cols + 1):
+                    lines.append(b"%d %d m %d %d l S" % (72 + c * cw, y, 72 + c * cw, y - rows * 14))
+                y -= (rows + 1) * 14
+                continue
+            text = " ".join(rng.choice(words, size=int(rng.integers(8, 15)))).encode()
+            lines.append(b"BT /F1 10 Tf 72 %d Td (%s) Tj ET" % (y, text))
+            y -= 13
+        stream = b"\n".join(lines)
+        content = add(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
+        kids.append(add(b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 %d 0 R >> >> "
+                        b"/Contents %d 0 R >>" % (pages_obj, font, content)))
+    objects[catalog - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_obj
+    objects[pages_obj - 1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
+        b" ".join(b"%d 0 R" % k for k in kids), n_pages)
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (i, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, catalog, xref)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out))
+    return path
+
+
+# --------------------------------------------------------------------- one configuration
+
+
+class _NoGuard:
+    """Repetition guard that never fires (random weights loop; benchmarks want fixed lengths)."""
+
+    def looping(self, tokens) -> bool:
+        return False
+
+
+class TimedEngine:
+    """A PageEngine proxy that records how long each stage keeps its thread busy."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.longest_edge = inner.longest_edge
+        self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
+        self.decode_tokens = 0
+        self.decode_steps = 0
+        self.batch_sizes: Counter = Counter()
+
+    def vision(self, image):
+        t = time.perf_counter()
+        try:
+            return self.inner.vision(image)
+        finally:
+            self.busy["vision"] += time.perf_counter() - t
+
+    def prefill(self, features, sampling):
+        t = time.perf_counter()
+        try:
+            return self.inner.prefill(features, sampling)
+        finally:
+            self.busy["prefill"] += time.perf_counter() - t
+
+    def decode_step(self, seqs):
+        live = sum(not s.finished for s in seqs)
+        t = time.perf_counter()
+        try:
+            return self.inner.decode_step(seqs)
+        finally:
+            self.busy["decode"] += time.perf_counter() - t
+            self.decode_tokens += live
+            self.decode_steps += 1
+            self.batch_sizes[live] += 1
+
+
+def build_engine(opts: PageBenchOptions, config: PageConfig):
+    """The real OCREngine, set up as the configuration says; returns (engine, load seconds)."""
+    from .engine import load_vlm
+    from .engine.page_engine import OCREngine
+
+    t0 = time.perf_counter()
+    vlm = load_vlm(opts.model, opts.mmproj, weights=config.weights)
+    if opts.vision_layers:
+        vlm.vision.layers = vlm.vision.layers[: opts.vision_layers]
+    if opts.text_layers:
+        vlm.decoder.layers = vlm.decoder.layers[: opts.text_layers]
+    vlm.decoder.flash = config.flash
+    engine = OCREngine(vlm)
+    if opts.ignore_eos:
+        engine.stop_ids = frozenset()
+        engine.guard = _NoGuard()
+    return engine, time.perf_counter() - t0
+
+
+def _warm_up(engine) -> None:
+    """One tiny page through every stage: BLAS threads started, tokenizer built, maps paged in."""
+    from PIL import Image
+
+    from .pipeline_types import SamplingOptions
+
+    feats = engine.vision(Image.new("RGB", (56, 56), "white"))
+    seq = engine.prefill(feats, SamplingOptions(max_tokens=2))
+    if not seq.finished:
+        engine.decode_step([seq])
+    seq.text()
+
+
+def run_config(opts: dict, config: dict) -> dict:
+    """Run the pipeline once for one configuration (call it in its own process); see the module
+    docstring for the result shape (peak_rss_mb is added by the caller)."""
+    from .bench_engine import peak_rss_mb
+    from .pipeline import run_pipeline
+    from .pipeline_types import PipelineOptions, SamplingOptions
+    from .render import expand_inputs
+
+    o, c = PageBenchOptions(**{**opts, "inputs": tuple(opts["inputs"])}), PageConfig(**config)
+    inner, load_s = build_engine(o, c)
+    _warm_up(inner)
+    engine = TimedEngine(inner)
+    pages = None
+    if o.pages_per_config == "auto":
+        pages = f"1-{max(4, 2 * c.batch_size)}"
+    elif o.pages_per_config != "all":
+        pages = f"1-{int(o.pages_per_config)}"
+    with tempfile.TemporaryDirectory(prefix="pantheon-bench-out-") as out:
+        options = PipelineOptions(
+            out_dir=Path(out), formats=("jsonl",), overwrite=True, pages=pages, batch_size=c.batch_size,
+            overlap=c.overlap, render_workers=o.render_workers, longest_edge=o.longest_edge,
+            sampling=SamplingOptions(max_tokens=o.max_tokens),
+        )
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        summary = run_pipeline(expand_inputs(list(o.inputs)), engine, options)
+        wall = time.perf_counter() - t0
+        records = []
+        for f in sorted(Path(out).rglob("*.jsonl")):
+            records += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    page_rows = []
+    for r in sorted(records, key=lambda r: (r["doc"], r["page"])):
+        sec = r["seconds"]
+        page_rows.append({
+            "doc": Path(r["doc"]).name, "page": r["page"], "n_tokens": r["n_tokens"],
+            "finish_reason": r["finish_reason"], "error": r["error"],
+            "seconds": {s: sec.get(s, 0.0) for s in STAGES},
+            "decode_tok_s": r["n_tokens"] / sec["decode"] if sec.get("decode") else None,
+        })
+    # Pages that left no JSONL record (a document whose every page failed writes nothing, a
+    # document that cannot be opened has no pages): listed from the run summary instead.
+    seen = {(p["doc"], p["page"]) for p in page_rows}
+    for f in summary.failed_pages:
+        if (Path(f.path).name, f.page) not in seen:
+            page_rows.append({"doc": Path(f.path).name, "page": f.page, "n_tokens": 0, "finish_reason": None,
+                              "error": f.reason, "seconds": dict.fromkeys(STAGES, 0.0), "decode_tok_s": None})
+    n_pages = summary.pages_done
+    busy = {"render": sum(p["seconds"]["render"] for p in page_rows), **engine.busy}
+    ok = [p for p in page_rows if p["error"] is None]
+    result = {
+        "config": {"name": c.name, **asdict(c), **{k: v for k, v in asdict(o).items() if k not in ("inputs",)},
+                   "inputs": [Path(i).name for i in o.inputs]},
+        "pages": page_rows,
+        "summary": {
+            "pages": n_pages,
+            "pages_failed": sum(p["error"] is not None for p in page_rows),
+            "tokens": summary.tokens,
+            "wall_s": wall,
+            "pages_per_min": 60 * n_pages / wall if wall else 0.0,
+            "tokens_per_s": summary.tokens / wall if wall else 0.0,
+            "decode_tok_s": engine.decode_tokens / engine.busy["decode"] if engine.busy["decode"] else 0.0,
+            "mean_batch": engine.decode_tokens / engine.decode_steps if engine.decode_steps else 0.0,
+            "busy_s": busy,
+            "mean_page_s": {s: float(np.mean([p["seconds"][s] for p in ok])) if ok else 0.0 for s in STAGES},
+            "load_s": load_s,
+            "peak_rss_mb": peak_rss_mb(),
+            "load_avg_before": round(load0, 2),
+            "load_avg_after": round(os.getloadavg()[0], 2),
+            "interrupted": summary.interrupted,
+        },
+    }
+    return result
+
+
+def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool = True,
+                on_result: Callable[[dict], None] | None = None, repeats: int = 1) -> list[dict]:
+    """Run every configuration (each in its own process unless isolate=False). With repeats > 1
+    the configurations take turns (round robin, so a change of machine load hits them alike) and
+    each reports its run with the median wall time (the lower middle one for an even count);
+    summary.runs_wall_s lists every run."""
+    from .bench_engine import run_isolated
+
+    runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
+    for _ in range(repeats):
+        for i, c in enumerate(configs):
+            r = run_isolated("pantheon_ocr.bench:run_config", {"opts": asdict(opts), "config": asdict(c)},
+                             threads=c.threads, isolate=isolate)
+            # run_isolated adds its own bookkeeping keys at top level: keep the documented shape.
+            peak = r.pop("peak_rss_mb", None)
+            for k in ("threads", "load_avg_before", "load_avg_after", "wall_s"):
+                r.pop(k, None)
+            if peak is not None and isolate:
+                r["summary"]["peak_rss_mb"] = peak
+            runs[i].append(r)
+            if on_result:
+                on_result(r)
+    results = []
+    for i in range(len(configs)):
+        done = sorted(runs[i], key=lambda r: r["summary"]["wall_s"])
+        pick = done[(len(done) - 1) // 2]
+        pick["summary"]["runs_wall_s"] = [r["summary"]["wall_s"] for r in runs[i]]
+        results.append(pick)
+    return results
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def format_table(results: list[dict], header: bool = True) -> str:
+    """One line per configuration: throughput, mean per-page stage seconds, busy split, memory."""
+    lines = []
+    if header:
+        lines.append(f"{'configuration':38} {'pages':>5} {'tokens':>6} {'wall s':>7} {'pages/min':>9} {'tok/s':>6} "
+                     f"{'dec tok/s':>9} {'mean B':>6} | {'per page s: render':>18} {'vision':>7} {'prefill':>7} "
+                     f"{'decode':>7} | {'busy %: vis':>11} {'pre':>4} {'dec':>4} | {'peak RSS':>9} {'load':>5}")
+    for r in results:
+        s, m, b = r["summary"], r["summary"]["mean_page_s"], r["summary"]["busy_s"]
+        wall = s["wall_s"] or 1.0
+        lines.append(
+            f"{r['config']['name']:38} {s['pages']:5d} {s['tokens']:6d} {s['wall_s']:7.1f} {s['pages_per_min']:9.2f} "
+            f"{s['tokens_per_s']:6.2f} {s['decode_tok_s']:9.2f} {s['mean_batch']:6.1f} | {m['render']:18.2f} "
+            f"{m['vision']:7.2f} {m['prefill']:7.2f} {m['decode']:7.2f} | {100 * b['vision'] / wall:11.0f} "
+            f"{100 * b['prefill'] / wall:4.0f} {100 * b['decode'] / wall:4.0f} | {s['peak_rss_mb']:6.0f} MB "
+            f"{s['load_avg_before']:5.1f}"
+            + (f"  ({s['pages_failed']} failed)" if s["pages_failed"] else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "format_table",
+           "run_config", "synthetic_pdf"]

@@ -1,0 +1,185 @@
+"""Benchmark code: structure of the results, never timings (figures are not asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pantheon_ocr.bench import PageBenchOptions, bench_pages, expand_configs, format_table, synthetic_pdf
+from pantheon_ocr.bench_engine import bench_decode, bench_prefill, bench_vision
+from pantheon_ocr.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "fixtures" / "lightonocr-tiny"
+TEXT, MMPROJ = str(TINY / "text.gguf"), str(TINY / "mmproj.gguf")
+STAGES = {"render", "vision", "prefill", "decode"}
+SUMMARY_KEYS = {"pages", "pages_failed", "tokens", "wall_s", "pages_per_min", "tokens_per_s", "decode_tok_s",
+                "mean_batch", "busy_s", "mean_page_s", "load_s", "peak_rss_mb", "load_avg_before", "load_avg_after"}
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_random_lightonocr", ROOT / "scripts" / "make_random_lightonocr.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_synthetic_pdf_has_the_pages(tmp_path):
+    import pypdfium2 as pdfium
+
+    path = synthetic_pdf(tmp_path / "s.pdf", 2)
+    pdf = pdfium.PdfDocument(str(path))
+    try:
+        assert len(pdf) == 2
+        assert pdf[0].get_size() == (612, 792)
+        assert "ANNUAL REPORT" in pdf[1].get_textpage().get_text_range()
+    finally:
+        pdf.close()
+    assert synthetic_pdf(tmp_path / "t.pdf", 2).read_bytes() == path.read_bytes()  # deterministic
+
+
+def _check_result(r: dict, n_pages: int, max_tokens: int) -> None:
+    assert set(r) == {"config", "pages", "summary"}
+    assert {"name", "batch_size", "weights", "flash", "overlap", "threads", "max_tokens"} <= set(r["config"])
+    assert len(r["pages"]) == n_pages
+    for p in r["pages"]:
+        assert set(p["seconds"]) == STAGES
+        assert p["error"] is None and p["n_tokens"] == max_tokens and p["finish_reason"] == "max_tokens"
+    s = r["summary"]
+    assert SUMMARY_KEYS <= set(s)
+    assert s["pages"] == n_pages and s["pages_failed"] == 0 and s["tokens"] == n_pages * max_tokens
+    assert set(s["busy_s"]) == STAGES and set(s["mean_page_s"]) == STAGES
+    json.dumps(r)  # plain JSON all the way down
+
+
+def test_bench_pages_two_synthetic_pages_in_process(tmp_path):
+    pdf = synthetic_pdf(tmp_path / "two.pdf", 2)
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf),), max_tokens=3, ignore_eos=True,
+                            longest_edge=224, render_workers=1)
+    configs = expand_configs(batch_sizes=(1, 2), overlap=(True, False))
+    assert [c.name for c in configs] == ["B=1 f32 flash=on overlap=on", "B=2 f32 flash=on overlap=on",
+                                         "B=1 f32 flash=on overlap=off", "B=2 f32 flash=on overlap=off"]
+    results = bench_pages(opts, configs, isolate=False)
+    assert [r["config"]["name"] for r in results] == [c.name for c in configs]
+    for r in results:
+        _check_result(r, 2, 3)
+    table = format_table(results)
+    assert len(table.splitlines()) == 1 + len(configs)
+
+
+def test_cli_bench_pages_subprocess_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(["bench", "pages", "--model", TEXT, "--mmproj", MMPROJ, "--synthetic", "2", "--batch-size", "2",
+                 "--weights", "quantized", "--flash", "off", "--max-tokens", "2", "--ignore-eos",
+                 "--longest-edge", "224", "--render-workers", "1", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert isinstance(data, list) and len(data) == 1
+    _check_result(data[0], 2, 2)
+    assert data[0]["config"]["weights"] == "quantized" and data[0]["config"]["flash"] is False
+    assert data[0]["summary"]["peak_rss_mb"] > 0  # the child's own peak
+    assert "B=2 quantized flash=off overlap=on" in capsys.readouterr().out
+
+
+def test_cli_bench_pages_bad_lists():
+    assert main(["bench", "pages", "--model", TEXT, "--mmproj", MMPROJ, "--synthetic", "1",
+                 "--batch-size", "0,x"]) == 2
+    assert main(["bench", "pages", "--model", TEXT, "--mmproj", MMPROJ, "--synthetic", "1", "--flash", "maybe"]) == 2
+    assert main(["bench", "pages", "--model", TEXT, "--mmproj", MMPROJ]) == 2  # no inputs
+
+
+def test_stage_benches_tiny_model():
+    v = bench_vision(MMPROJ, "f32", layers=2, longest_edge=224)
+    assert v["stage"] == "vision" and v["estimated"] and v["layers_run"] == 2 and v["layers_full"] == 3
+    assert v["image_tokens"] > 0 and v["patches"] >= 4 * v["image_tokens"]
+    p = bench_prefill(TEXT, "quantized", flash=False, longest_edge=224)
+    assert p["attention"] == "naive" and not p["estimated"] and p["prompt_tokens"] == p["image_tokens"] + 12
+    d = bench_decode(TEXT, "f32", batch_sizes=(1, 3), context=8, steps=2)
+    assert [r["batch"] for r in d["rows"]] == [1, 3] and d["rows"][0]["speedup_vs_first"] == 1.0
+
+
+def test_cli_bench_ocr_and_decode_json(tmp_path):
+    out = tmp_path / "ocr.json"
+    assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--weights", "f32", "--flash", "on,off",
+                 "--vision-layers", "1", "--longest-edge", "112", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["stage"], r.get("attention")) for r in rows] == [("vision", None), ("prefill", "flash"),
+                                                               ("prefill", "naive")]
+    assert all(r["peak_rss_mb"] > 0 for r in rows)
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", TEXT, "--batch-size", "1,2", "--context", "4", "--steps", "1",
+                 "--in-process", "--json", str(out)]) == 0
+    assert [r["batch"] for r in json.loads(out.read_text())[0]["rows"]] == [1, 2]
+
+
+def test_random_lightonocr_names_and_dtypes_match_the_converter():
+    """The generator's tensor list = the converter's (the tiny fixture), layer for layer."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pantheon_ocr.engine.gguf import open_gguf
+
+    mod = _script()
+    for specs, path in ((mod.text_specs(2, Q.BF16), TEXT), (mod.vision_specs(3, Q.BF16), MMPROJ)):
+        gf = open_gguf(path)
+        assert [s.name for s in specs] == list(gf.tensors)
+        assert [s.qtype for s in specs] == [t.qtype for t in gf.tensors.values()]
+        assert [len(s.shape) for s in specs] == [len(t.shape) for t in gf.tensors.values()]
+    text = {s.name: s.shape for s in mod.text_specs(28, Q.BF16)}
+    assert text["token_embd.weight"] == (151936, 1024) and text["blk.27.attn_q.weight"] == (2048, 1024)
+    assert text["blk.0.attn_k.weight"] == (1024, 1024) and text["blk.0.ffn_down.weight"] == (1024, 3072)
+    assert "output.weight" not in text  # tied embeddings
+    vision = {s.name: (s.shape, s.qtype) for s in mod.vision_specs(24, Q.Q8_0)}
+    assert vision["v.patch_embd.weight"] == ((1024, 3, 14, 14), Q.F32)
+    assert vision["mm.patch_merger.weight"] == ((1024, 4096), Q.F32)
+    assert vision["v.blk.23.ffn_gate.weight"] == ((4096, 1024), Q.Q8_0)
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "Q8_0"])
+def test_random_lightonocr_pair_loads_and_runs(tmp_path, monkeypatch, dtype):
+    """Written at reduced widths (the real vocabulary stays), the pair loads and runs finite,
+    with the fixture's metadata keys."""
+    from pantheon_ocr.engine import load_vlm
+    from pantheon_ocr.engine.gguf import open_gguf
+
+    mod = _script()
+    monkeypatch.setattr(mod, "TEXT", {**mod.TEXT, "n_embd": 64, "n_ff": 128, "n_head": 4, "n_head_kv": 2,
+                                      "head_dim": 32})
+    monkeypatch.setattr(mod, "VISION", {**mod.VISION, "n_embd": 64, "n_ff": 128, "n_head": 4})
+    monkeypatch.setattr(mod, "CHUNK_BYTES", 1 << 20)  # several chunks per big tensor
+    text, mmproj = mod.make_pair(tmp_path, vision_layers=1, text_layers=2, dtype=dtype, log=None)
+    for mine, ref in ((text, TEXT), (mmproj, MMPROJ)):
+        assert set(open_gguf(mine).metadata) == set(open_gguf(ref).metadata)
+    vlm = load_vlm(text, mmproj)
+    assert vlm.config.n_layer == 2 and vlm.vision_config.n_layer == 1 and vlm.config.head_dim == 32
+    feats = vlm.encode_image(np.full((70, 84, 3), 200, np.uint8))
+    _, logits = vlm.prefill(feats)
+    assert np.all(np.isfinite(feats)) and np.all(np.isfinite(logits))
+    assert 0.1 < float(feats.std()) < 10
+
+
+def test_bench_pages_repeats_report_the_median_run(tmp_path):
+    pdf = synthetic_pdf(tmp_path / "one.pdf", 1)
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf),), max_tokens=2, ignore_eos=True,
+                            longest_edge=112, render_workers=1, pages_per_config="1")
+    (r,) = bench_pages(opts, expand_configs(batch_sizes=(1,), weights=("quantized",)), isolate=False, repeats=3)
+    _check_result(r, 1, 2)
+    walls = r["summary"]["runs_wall_s"]
+    assert len(walls) == 3 and r["summary"]["wall_s"] == sorted(walls)[1]
+
+
+def test_bench_pages_reports_a_failed_document(tmp_path):
+    pdf = synthetic_pdf(tmp_path / "good.pdf", 1)
+    bad = tmp_path / "bad.pdf"
+    bad.write_bytes(b"%PDF-1.4\nthis is not a pdf\n")
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf), str(bad)), max_tokens=2,
+                            ignore_eos=True, longest_edge=112, render_workers=1)
+    (r,) = bench_pages(opts, expand_configs(batch_sizes=(2,)), isolate=False)
+    assert r["summary"]["pages_failed"] == 1 and r["summary"]["pages"] == 1
+    (failed,) = [p for p in r["pages"] if p["error"]]
+    assert failed["doc"] == "bad.pdf" and failed["n_tokens"] == 0 and set(failed["seconds"]) == STAGES
+    assert "(1 failed)" in format_table([r])
+    json.dumps(r)

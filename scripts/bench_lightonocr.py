@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     runs = {
         # issue 3: one Letter page at 1540 px; first layers only, full depth estimated
         "prefill": ["ocr", *m, "--stage", "prefill", "--text-layers", "4", "--threads", "1,2", "--q-block", "32,256"],
-        "vision": ["ocr", *m, "--stage", "vision", "--vision-layers", "2", "--threads", "1"],
+        "vision": ["ocr", *m, "--stage", "vision", "--vision-layers", "2", "--threads", "1,2"],
         # issue 4: forward_batch alone, decode tok/s against B
         "decode": ["decode", "--model", str(text), "--weights", "f32,quantized", "--batch-size", "1,4,8,16,32",
                    "--context", "256", "--steps", "7", "--threads", "1,2"],
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                      "--pages-per-config", "auto"],
         # issue 5: configurations side by side, per page (448 px pages, 16 tokens, B = 6)
         "threads": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
-                    "--batch-size", "6", "--weights", "f32", "--overlap", "on,off", "--threads", "1,2"],
+                    "--batch-size", "6", "--weights", "f32", "--overlap", "on,off", "--threads", "1,2", "--repeats", "2"],
         "configs": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
                     "--batch-size", "6", "--weights", "quantized,f32", "--flash", "on,off", "--threads", "1"],
     }

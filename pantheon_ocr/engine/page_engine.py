@@ -22,8 +22,8 @@ from .sampling import RepetitionGuard, Sampler, SamplingParams
 class PageSeq:
     """One page being decoded: its KV cache state, sampler and generated ids."""
 
-    def __init__(self, engine: "OCREngine", state: DecoderState, sampling: SamplingOptions, n_prompt: int):
-        self.engine, self.state, self.n_prompt = engine, state, n_prompt
+    def __init__(self, engine: "OCREngine", state: DecoderState, sampling: SamplingOptions):
+        self.engine, self.state = engine, state
         self.sampler = Sampler(SamplingParams(sampling.temperature, sampling.top_p, sampling.seed))
         self.max_tokens = sampling.max_tokens
         self.generated: list[int] = []
@@ -78,14 +78,12 @@ class OCREngine:
         return self.vlm.encode_image(image)
 
     def prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
-        n_prompt = len(self.vlm.prompt_ids(features.shape[0]))
-        state = self.vlm.decoder.new_state(max_seq=n_prompt + sampling.max_tokens)
-        if self.prefill_decoder is self.vlm.decoder:
-            state, logits = self.vlm.prefill(features, state=state)
-        else:  # the same prompt through the device mirror; the KV cache it fills is numpy
-            ids, rows = self.vlm._prompt_and_rows(features)
-            logits = self.prefill_decoder.forward(state, ids, embd_rows=rows)
-        seq = PageSeq(self, state, sampling, n_prompt)
+        ids, rows = self.vlm.prompt_and_rows(features)
+        state = self.vlm.decoder.new_state(max_seq=len(ids) + sampling.max_tokens)
+        # prefill_decoder is the model's own decoder, or its device mirror (--gpu-prefill);
+        # either way the KV cache it fills is numpy.
+        logits = self.prefill_decoder.forward(state, ids, embd_rows=rows)
+        seq = PageSeq(self, state, sampling)
         seq.accept(logits[-1])
         return seq
 

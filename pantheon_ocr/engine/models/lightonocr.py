@@ -165,7 +165,7 @@ class LightOnOCR:
     def prefill(self, features: np.ndarray, all_logits: bool = False, state=None):
         """Run the prompt for image features [M, n_embd]; image rows are embedding-row overrides.
         Returns (state, logits [T or 1, n_vocab])."""
-        ids, rows = self._prompt_and_rows(features)
+        ids, rows = self.prompt_and_rows(features)
         state = state if state is not None else self.decoder.new_state()
         logits = self.decoder.forward(state, ids, embd_rows=rows, all_logits=all_logits)
         return state, logits
@@ -180,7 +180,7 @@ class LightOnOCR:
         sampler = Sampler(SamplingParams(temperature, top_p, seed))  # checks the parameters first
         if features is None:
             features = self.encode_image(image)
-        ids, rows = self._prompt_and_rows(features)
+        ids, rows = self.prompt_and_rows(features)
         return generate_tokens(self.decoder, ids, max_new_tokens, sampler, self.stop_ids if stop else (),
                                embd_rows=rows)
 
@@ -206,7 +206,7 @@ class LightOnOCR:
         `decoder.logits_of(out['text_hidden'][rows])`.)"""
         out: dict[str, np.ndarray] = {}
         features = self.encode_image(image, capture=out)
-        ids, rows = self._prompt_and_rows(features)
+        ids, rows = self.prompt_and_rows(features)
         dec, c = self.decoder, self.config
         out["input_ids"] = np.asarray(ids, dtype=np.int64)
         x = dec.embed(ids, rows)  # [T, n_embd]
@@ -232,7 +232,9 @@ class LightOnOCR:
         return out
 
     # -- helpers -----------------------------------------------------------------------------
-    def _prompt_and_rows(self, features: np.ndarray):
+    def prompt_and_rows(self, features: np.ndarray):
+        """Prompt ids for image features [M, n_embd] and the (image row indices, features)
+        embedding-row overrides that go with them."""
         features = np.asarray(features, dtype=np.float32)
         if features.ndim != 2 or features.shape[1] != self.config.n_embd or not len(features):
             raise ValueError(f"image features must be [M > 0, {self.config.n_embd}], got {list(features.shape)}")

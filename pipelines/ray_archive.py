@@ -5,7 +5,7 @@
     python pipelines/ray_archive.py JOB.toml --address auto --workers 8 --cpus-per-worker 4
 
 The driver (this process) owns the job's SQLite state, the lock, the outputs and the report;
-Ray actors, one engine each, only OCR pages (see pantheon_ocr/jobs_ray.py). Run it on a node
+Ray actors, one engine each, only OCR pages (see pantheon_ocr/archive/ray.py). Run it on a node
 that sees the job's inputs and output folder; the model files must be at the same path on
 every node. Exit codes are the CLI's (pantheon_ocr.errors.ExitCode).
 """
@@ -26,27 +26,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-failed", action="store_true", help="also redo pages and documents recorded as failed")
     args = ap.parse_args(argv)
 
-    import click
-
-    from pantheon_ocr.commands.archive import make_engine, print_run
+    from pantheon_ocr.archive import run as job_run
+    from pantheon_ocr.archive.ray import RayExecutor
+    from pantheon_ocr.archive.report import run_lines
     from pantheon_ocr.errors import ExitCode, PantheonError
-    from pantheon_ocr.jobs import load_job, run_job
-    from pantheon_ocr.jobs_ray import RayExecutor
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
     try:
-        spec = load_job(args.job)
+        spec = job_run.load_job(args.job)
         executor = RayExecutor(
-            make_engine(spec), address=args.address, workers=args.workers or spec.ray["workers"],
+            job_run.model_engine_factory(spec), address=args.address, workers=args.workers or spec.ray["workers"],
             cpus_per_worker=args.cpus_per_worker or spec.ray["cpus_per_worker"],
             chunk_pages=args.chunk_pages or spec.ray["chunk_pages"],
         )
-        result = run_job(spec, executor=executor, retry_failed=args.retry_failed, log=lambda s: click.echo(s, err=True))
+        result = job_run.run_job(spec, executor=executor, retry_failed=args.retry_failed, log=log)
     except PantheonError as e:
-        click.echo(f"error: {e}", err=True)
+        log(f"error: {e}")
         return int(e.exit_code)
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
-    print_run(result)
+    for line in run_lines(result):
+        log(line)
     return int(result.exit_code)
 
 

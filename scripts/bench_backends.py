@@ -241,7 +241,7 @@ def _stream_check(tm, sw, prompt, n) -> list[dict]:
 def _default_switch_models() -> list[str]:
     models = [str(ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "text.gguf")]
     try:
-        from pantheon_ocr.pypi_models import smollm2_path
+        from tests.pypi_models import smollm2_path
 
         models.append(str(smollm2_path()))
     except Exception:  # noqa: BLE001 - optional model package
@@ -313,17 +313,17 @@ def _intersection(a, b) -> float:
 
 
 def bench_overlap(args) -> list[dict]:
-    from pantheon_ocr.commands.transcribe import build_engine, resolve_model
-    from pantheon_ocr.pipeline import run_pipeline
-    from pantheon_ocr.pipeline_types import PipelineOptions, SamplingOptions
-    from pantheon_ocr.render import expand_inputs
+    from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_model
+    from pantheon_ocr.pipeline.inputs import expand_inputs
+    from pantheon_ocr.pipeline.run import run_pipeline
+    from pantheon_ocr.pipeline.types import PipelineOptions, SamplingOptions
 
     text, mmproj = resolve_model(args.model, args.mmproj)
     docs = expand_inputs(args.docs or [str(p) for p in sorted((ROOT / "samples" / "docs").glob("*.pdf"))])
     backends = [("numpy", None)] + ([("torch", "cpu")] if has_module("torch") else [])
     rows = []
     for name, dev in backends:
-        engine = build_engine(text, mmproj, "f32", name, dev)
+        engine, _ = load_page_engine(EngineOptions(text, mmproj, "f32", name, dev))
         for overlap in (True, False):
             clock = StageClock(engine)
             opts = PipelineOptions(out_dir=Path(tempfile.mkdtemp(prefix="bench-overlap-")), overwrite=True,

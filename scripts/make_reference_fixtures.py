@@ -2,7 +2,7 @@
 """Write the transformers reference fixtures the decoder engine tests compare against.
 
 Needs the ``ref`` extra (torch==2.13.0, transformers, accelerate) and, for the real models, the
-PyPI model packages (see spec/models.md and pantheon_ocr/pypi_models.py). Runs offline.
+PyPI model packages (see spec/models.md and tests/pypi_models.py). Runs offline.
 
     python scripts/make_reference_fixtures.py                 # everything
     python scripts/make_reference_fixtures.py --only tiny     # tiny | smollm2 | qwen05b (repeatable)
@@ -440,7 +440,7 @@ def main(argv=None) -> int:
     if "tiny" in only:
         for arch in args.arch or tiny_models.ARCHS:
             make_tiny_fixture(arch, vers)
-    from pantheon_ocr import pypi_models
+    from tests import pypi_models
 
     if "smollm2" in only:
         make_real_fixture("smollm2", pypi_models.smollm2_path(verify=True), pypi_models.SMOLLM2.sha256, vers)

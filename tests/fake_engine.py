@@ -1,5 +1,6 @@
-"""Test doubles for the pipeline: a FakeEngine implementing the PageEngine protocol, marked
-test PDFs it can "read", and picklable render hooks that crash or hang a render worker.
+"""Test doubles for the pipeline: a FakeEngine implementing the PageEngine protocol (and an
+archive engine factory over it), marked test PDFs it can "read", and picklable render hooks
+that crash or hang a render worker.
 
 The fake engine reads two grey squares that `marked_pdf` draws in the top-left corner of each
 page (grey level = 8 x page number, 8 x document number), so its text names the page it saw:
@@ -164,6 +165,42 @@ class FakeEngine:
             self.on_step(n)
 
 
+class SamplingEngine(FakeEngine):
+    """FakeEngine whose chosen pages loop while the temperature is below a threshold, so a
+    retry with a hotter setting gets out of the loop (or never, without a threshold).
+    `loops`: [doc, page] (always loops) or [doc, page, below]."""
+
+    def __init__(self, loops=(), fail_vision=(), **kw):
+        failing = {tuple(p) for p in fail_vision}
+        super().__init__(fail_vision=lambda f: (f.doc, f.page) in failing, **kw)
+        self.loop_below = {(x[0], x[1]): (x[2] if len(x) > 2 else float("inf")) for x in loops}
+        self.samplings: list[tuple[int, int, float, int]] = []
+
+    def prefill(self, features, sampling):
+        if self.fail_prefill(features):
+            raise ValueError(f"fake prefill failure on doc {features.doc} page {features.page}")
+        with self.lock:
+            self.prefills.append((features.doc, features.page))
+            self.samplings.append((features.doc, features.page, sampling.temperature, sampling.seed))
+        loops = sampling.temperature < self.loop_below.get((features.doc, features.page), -1.0)
+        return FakeSeq(features, self.n_tokens(features), sampling.max_tokens, loops, self.loop_limit)
+
+
+class EngineFactory:
+    """An archive engine factory, () -> (engine, notes), over a SamplingEngine. Picklable by
+    reference (module `fake_engine`), so Ray workers build their own."""
+
+    def __init__(self, n_tokens: int | None = None, step_sleep: float = 0.0, loops=(), fail_vision=(), on_step=None):
+        self.n_tokens, self.step_sleep, self.loops = n_tokens, step_sleep, loops
+        self.fail_vision, self.on_step = fail_vision, on_step
+
+    def __call__(self) -> tuple[SamplingEngine, list[str]]:
+        kw = {} if self.n_tokens is None else {"n_tokens": lambda f, n=self.n_tokens: n}
+        engine = SamplingEngine(loops=self.loops, fail_vision=self.fail_vision, step_sleep=self.step_sleep,
+                                on_step=self.on_step, **kw)
+        return engine, []
+
+
 def expected_text(doc: int, page: int, n_tokens: int | None = None) -> str:
     n = 3 + page % 5 if n_tokens is None else n_tokens
     return f"doc {doc} page {page}: " + " ".join(f"t{i}" for i in range(n))
@@ -188,7 +225,7 @@ class CrashingRender:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.mode == "hang":
                 time.sleep(3600)
-        from pantheon_ocr.render import render_page
+        from pantheon_ocr.pipeline.render import render_page
 
         return render_page(doc, page_index, longest_edge, password)
 
@@ -201,7 +238,7 @@ class SlowRender:
 
     def __call__(self, doc, page_index, longest_edge=1540, password=None):
         time.sleep(self.seconds)
-        from pantheon_ocr.render import render_page
+        from pantheon_ocr.pipeline.render import render_page
 
         return render_page(doc, page_index, longest_edge, password)
 

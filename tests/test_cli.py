@@ -132,7 +132,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
 
 def _smollm2():
     from pantheon_ocr.errors import ModelError
-    from pantheon_ocr.pypi_models import smollm2_path
+    from pypi_models import smollm2_path
 
     try:
         return smollm2_path()

@@ -1,4 +1,4 @@
-"""`pantheon-ocr archive run|status JOB.toml`: nightly archive jobs (see pantheon_ocr/jobs.py)."""
+"""`pantheon-ocr archive run|status JOB.toml`: nightly archive jobs (the library: pantheon_ocr/archive)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,12 @@ def archive() -> None:
     """Nightly archive jobs: a TOML job file, resumable state in SQLite, a report per run."""
 
 
-def make_engine(spec):
-    """The engine factory for a job: the model files it names. (Tests replace this function
-    in a subprocess to run the real command over a FakeEngine.)"""
-    from ..jobs import model_engine_factory
-
-    return model_engine_factory(spec)
-
-
 def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: int | None):
     if ray_address is None:
-        from ..jobs import LocalExecutor
+        from ..archive.run import LocalExecutor
 
         return LocalExecutor(engine_factory)
-    from ..jobs_ray import RayExecutor
+    from ..archive.ray import RayExecutor
 
     r = spec.ray
     return RayExecutor(engine_factory, address=ray_address, workers=ray_workers or r["workers"],
@@ -65,22 +57,24 @@ def _sigterm_as_interrupt():
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def run(job, ray_address, ray_workers, no_ray, retry_failed, progress) -> None:
     """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
-    from ..jobs import load_job, run_job
+    from ..archive import run as job_run
+    from ..archive.report import run_lines
 
-    spec = load_job(job)
+    spec = job_run.load_job(job)
     if spec.model["threads"]:  # before the engine starts its BLAS threads
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(spec.model["threads"])
     address = None if no_ray else ray_address or spec.ray["address"]
-    executor = make_executor(spec, make_engine(spec), address, ray_workers)
+    executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress
 
     def log(line: str) -> None:
         click.echo(line, err=True)
 
     with _sigterm_as_interrupt():
-        result = run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=_bar() if show else None, log=log)
-    print_run(result)
+        result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=_bar() if show else None, log=log)
+    for line in run_lines(result):
+        click.echo(line, err=True)
     click.get_current_context().exit(int(result.exit_code))
 
 
@@ -107,29 +101,13 @@ def _bar():
     return update
 
 
-def print_run(result) -> None:
-    s = result.summary
-    docs = ", ".join(f"{n} {k}" for k, n in sorted(s["documents"].items())) or "no documents"
-    p = s["pages"]
-    click.echo(f"run {s['run']} of job {s['job']!r} {s['status']}: {docs}", err=True)
-    click.echo(f"pages: {p['done']} done, {p['retried']} retried, {p['failed']} failed; {p['tokens']} tokens in {s['seconds']:.1f} s",
-               err=True)
-    for note in s["notes"]:
-        click.echo(f"note: {note}", err=True)
-    if s["failures"]:
-        click.echo(f"{len(s['failures'])} failure(s):", err=True)
-        for f in s["failures"]:
-            click.echo(f"  {f['path']}{'' if f['page'] is None else ' page ' + str(f['page'])}: {f['reason']}", err=True)
-    if result.report_html:
-        click.echo(f"report: {result.report_html}", err=True)
-
-
 @archive.command("status")
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def status(job, as_json) -> None:
     """Summarise JOB.toml's state: documents and pages by status, last runs, failures."""
-    from ..jobs import job_status, load_job
+    from ..archive.report import failure_line
+    from ..archive.run import job_status, load_job
 
     info = job_status(load_job(job))
     if as_json:
@@ -160,4 +138,4 @@ def status(job, as_json) -> None:
     if info["failures"]:
         click.echo(f"failed ({len(info['failures'])}):")
         for f in info["failures"]:
-            click.echo(f"  {f['path']}{'' if f['page'] is None else ' page ' + str(f['page'])}: {f['reason']}")
+            click.echo(f"  {failure_line(f)}")

@@ -68,7 +68,8 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
     """Prefill and decode tokens/s per model and storage mode, with a numpy GEMM roofline."""
-    from ..bench_engine import bench_decoder, cpu_info
+    from ..bench.isolation import cpu_info
+    from ..bench.stages import bench_decoder
 
     rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models for s in storages]
     if as_json:
@@ -101,7 +102,7 @@ def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
 def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, text_layers, page, longest_edge,
         repeats, in_process, json_path) -> None:
     """Vision encoder and prefill seconds per page at the model's shapes (synthetic page)."""
-    from ..bench_engine import cpu_info, run_isolated
+    from ..bench.isolation import cpu_info, run_isolated
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
     storages = _choices(weights, "--weights", ("quantized", "f32"))
@@ -115,14 +116,14 @@ def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, 
             if "vision" in stages:
                 kw = dict(mmproj=mmproj, storage=st, layers=vision_layers, repeats=repeats, page=page,
                           longest_edge=longest_edge)
-                rows.append(run_isolated("pantheon_ocr.bench_engine:bench_vision", kw, th, not in_process))
+                rows.append(run_isolated("pantheon_ocr.bench.stages:bench_vision", kw, th, not in_process))
                 _ocr_line(rows[-1], header=len(rows) == 1)
             if "prefill" in stages:
                 for fl in flashes:
                     for qb in (q_block_list if fl else [None]):
                         kw = dict(model=model, storage=st, flash=fl, layers=text_layers, repeats=repeats, page=page,
                                   longest_edge=longest_edge, q_block=qb)
-                        rows.append(run_isolated("pantheon_ocr.bench_engine:bench_prefill", kw, th, not in_process))
+                        rows.append(run_isolated("pantheon_ocr.bench.stages:bench_prefill", kw, th, not in_process))
                         _ocr_line(rows[-1], header=len(rows) == 1)
     if any(r["estimated"] for r in rows):
         click.echo("* full depth estimated: time outside the layers + median layer time x all layers "
@@ -158,7 +159,7 @@ def _ocr_line(r: dict, header: bool) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in_process, json_path) -> None:
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
-    from ..bench_engine import cpu_info, run_isolated
+    from ..bench.isolation import cpu_info, run_isolated
 
     sizes = _ints(batch_sizes, "--batch-size")
     click.echo(f"# {cpu_info()}")
@@ -168,7 +169,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
     for th in _threads(threads):
         for st in _choices(weights, "--weights", ("quantized", "f32")):
             kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers)
-            r = run_isolated("pantheon_ocr.bench_engine:bench_decode", kw, th, not in_process)
+            r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)
             out.append(r)
             for row in r["rows"]:
                 click.echo(f"{st:9} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} {row['tok_s']:7.1f} "
@@ -212,10 +213,11 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     seconds by stage, tokens/s, pages/min, peak RSS, side by side."""
     import tempfile
 
-    from ..bench import PageBenchOptions, bench_pages, expand_configs, format_table, synthetic_pdf
-    from ..bench_engine import cpu_info
-    from ..render import expand_inputs
-    from .transcribe import resolve_model
+    from ..bench.isolation import cpu_info
+    from ..bench.pages import PageBenchOptions, bench_pages, expand_configs, format_table
+    from ..bench.synthetic import synthetic_pdf
+    from ..engine.loader import resolve_model
+    from ..pipeline.inputs import expand_inputs
 
     text_path, mmproj_path = resolve_model(model, mmproj)
     if not inputs and not synthetic:

@@ -7,31 +7,6 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
-
-NO_MODEL = ("no model given: pass --model TEXT.gguf --mmproj MMPROJ.gguf (a LightOnOCR GGUF pair, "
-            "e.g. made by llama.cpp's convert_hf_to_gguf.py) or --model DIR holding both; "
-            "samples/tiny-model/ is a random-weight demo whose text is meaningless")
-TINY_PARAMS = 50_000_000  # below this the decoder cannot be a real OCR model
-
-
-def resolve_model(model: str | None, mmproj: str | None) -> tuple[Path, Path]:
-    """--model FILE --mmproj FILE, or --model DIR with one text GGUF and one mmproj GGUF."""
-    if model is None:
-        raise UsageError(NO_MODEL)
-    path = Path(model)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        proj = [p for p in ggufs if "mmproj" in p.name.lower()]
-        text = [p for p in ggufs if p not in proj]
-        if mmproj is None and (len(proj) != 1 or len(text) != 1):
-            raise UsageError(f"{path}: expected one text GGUF and one *mmproj*.gguf, found "
-                             f"{[p.name for p in ggufs]}; pass --model FILE --mmproj FILE")
-        return (text[0] if len(text) == 1 else path), Path(mmproj) if mmproj else proj[0]
-    if mmproj is None:
-        raise UsageError(f"--mmproj is required with --model {path} (the vision part of the pair)")
-    return path, Path(mmproj)
-
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True)
@@ -81,9 +56,10 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     if threads:  # before numpy starts its BLAS threads
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
-    from ..pipeline import run_pipeline
-    from ..pipeline_types import PipelineOptions, SamplingOptions
-    from ..render import expand_inputs
+    from ..engine.loader import EngineOptions, load_page_engine, resolve_model
+    from ..pipeline.inputs import expand_inputs
+    from ..pipeline.run import run_pipeline
+    from ..pipeline.types import PipelineOptions, SamplingOptions
 
     text_path, mmproj_path = resolve_model(model, mmproj)
     to_stdout = output == "-"
@@ -98,8 +74,11 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         sampling=SamplingOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
     )
     documents = expand_inputs(list(inputs))
-    engine = build_engine(text_path, mmproj_path, weights, vision_backend, device, vision_dtype=vision_dtype,
-                          gpu_prefill=gpu_prefill, gpu_decode=gpu_decode)
+    engine, notes = load_page_engine(EngineOptions(
+        text_path, mmproj_path, weights, vision_backend, device, vision_dtype=vision_dtype, gpu_prefill=gpu_prefill,
+        gpu_decode=gpu_decode))
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     summary = run_pipeline(documents, engine, options, on_progress=_bar() if progress else None)
     if to_stdout:
         for d in summary.documents:
@@ -109,44 +88,6 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         scratch.cleanup()
     report(summary)
     click.get_current_context().exit(int(summary.exit_code))
-
-
-def build_engine(text_path: Path, mmproj_path: Path, weights: str, vision_backend: str, device: str | None,
-                 *, vision_dtype: str = "float32", gpu_prefill: bool = False, gpu_decode: bool = False):
-    from ..engine import load_vlm
-    from ..engine.page_engine import OCREngine
-
-    switches = gpu_prefill or gpu_decode
-    if device is not None and vision_backend == "numpy" and not switches:
-        raise UsageError(f"--device {device} is for --vision-backend torch/auto or --gpu-prefill/--gpu-decode; "
-                         "the numpy vision backend runs on the CPU")
-    # Fail on a missing extra or device before loading the model.
-    if vision_backend != "numpy" or vision_dtype != "float32":
-        from ..engine.backends import plan_vision_backend
-
-        plan_vision_backend(vision_backend, None if vision_backend == "numpy" else device, vision_dtype)
-    if switches:
-        from ..engine.backends import resolve_device
-
-        device = resolve_device(device)
-
-    vlm = load_vlm(text_path, mmproj_path, weights=weights)
-    n_params = sum(t.n_bytes for t in vlm.text.gguf.tensors.values())
-    if n_params < TINY_PARAMS:
-        click.echo(f"note: {text_path.name} is a tiny test model ({n_params / 1e6:.0f} MB of weights): "
-                   "its text is meaningless; point --model/--mmproj at LightOnOCR GGUF files for real OCR",
-                   err=True)
-    backend = None
-    if vision_backend != "numpy" or vision_dtype != "float32":
-        from ..engine.backends import make_vision_backend
-
-        vision_device = None if vision_backend == "numpy" else device
-        backend = make_vision_backend(vision_backend, vlm, device=vision_device, dtype=vision_dtype)
-        if vision_backend == "auto":
-            click.echo(f"vision backend: {backend.name} on {backend.device} ({backend.reason})", err=True)
-        if backend.name == "numpy":
-            backend = None  # the engine's own numpy path
-    return OCREngine(vlm, backend, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, device=device)
 
 
 def _bar():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from ..pipeline_types import SamplingOptions
+from ..pipeline.types import SamplingOptions
 from .batch import batch_logits
 from .models.lightonocr import LightOnOCR
 from .models.llama import DecoderState
@@ -43,7 +43,7 @@ class PageSeq:
         self.generated.append(tok)
         if len(self.generated) >= self.max_tokens:
             self.finished, self.finish_reason = True, "max_tokens"
-        elif self.engine.guard.looping(self.generated):
+        elif self.engine.guard is not None and self.engine.guard.looping(self.generated):
             self.finished, self.finish_reason = True, "repetition"
         if self.finished:
             self.state = None  # free the KV cache as soon as the page leaves the batch
@@ -57,11 +57,13 @@ class OCREngine:
     decode_step() on the CPU thread."""
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
-                 gpu_decode: bool = False, device: str | None = None):
+                 gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False):
         self.vlm = vlm
         self.longest_edge = vlm.longest_edge
-        self.stop_ids = vlm.stop_ids
-        self.guard = RepetitionGuard(vlm.decode)
+        # ignore_eos: every page runs to its max_tokens, neither stop ids nor the repetition guard
+        # end it (benchmarks on random-weight models, comparisons with reference token streams).
+        self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
+        self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
         self.prefill_decoder = self.decode_decoder = vlm.decoder
         self.switches = None

@@ -14,7 +14,7 @@ LIGHTONOCR_MMPROJ = LIGHTONOCR_DIR / "mmproj.gguf"
 
 def smollm2_or_skip() -> Path:
     from pantheon_ocr.errors import ModelError
-    from pantheon_ocr.pypi_models import smollm2_path
+    from pypi_models import smollm2_path
 
     try:
         return smollm2_path()
@@ -24,7 +24,7 @@ def smollm2_or_skip() -> Path:
 
 def qwen05b_or_skip() -> Path:
     from pantheon_ocr.errors import ModelError
-    from pantheon_ocr.pypi_models import qwen05b_path
+    from pypi_models import qwen05b_path
 
     try:
         return qwen05b_path()

@@ -92,7 +92,7 @@ def test_truncated_tensor_data(tmp_path):
 
 
 def test_real_truncated_7b_from_pypi():
-    from pantheon_ocr.pypi_models import truncated_qwen7b_path
+    from pypi_models import truncated_qwen7b_path
 
     try:
         path = truncated_qwen7b_path()

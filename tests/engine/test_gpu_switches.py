@@ -21,7 +21,7 @@ from pantheon_ocr.engine.backends.device import DeviceWeight, GpuSwitches, mirro
 from pantheon_ocr.engine.batch import batch_logits  # noqa: E402
 from pantheon_ocr.engine.page_engine import OCREngine  # noqa: E402
 from pantheon_ocr.engine.weights import Weight  # noqa: E402
-from pantheon_ocr.pipeline_types import SamplingOptions  # noqa: E402
+from pantheon_ocr.pipeline.types import SamplingOptions  # noqa: E402
 
 from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
 

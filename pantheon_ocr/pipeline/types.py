@@ -12,8 +12,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
-from .errors import ExitCode, UsageError
-from .render import Document
+from ..errors import ExitCode, UsageError
+from .inputs import Document
 
 FORMATS = ("md", "jsonl", "txt")
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds

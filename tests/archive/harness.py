@@ -1,7 +1,7 @@
-"""Test entry point: the real `pantheon-ocr` CLI over a FakeEngine, with kill -9 injection.
-(No tests here; pytest collects nothing from this file.)
+"""The archive tests' harness: the real `pantheon-ocr` CLI over a FakeEngine with kill -9
+injection (run as a script), and helpers that write job files and check outputs.
 
-    python tests/test_jobs_harness.py archive run JOB.toml --no-progress
+    python tests/archive/harness.py archive run JOB.toml --no-progress
 
 Configured by environment variables so that argv stays exactly the CLI's:
     PANTHEON_TEST_ENGINE  JSON for EngineFactory: n_tokens, step_sleep, loops ([[doc, page(, below)]...]:
@@ -23,43 +23,8 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_engine import FakeEngine, FakeSeq  # noqa: E402
-
-
-class SamplingEngine(FakeEngine):
-    """FakeEngine whose chosen pages loop while the temperature is below a threshold, so a
-    retry with a hotter setting gets out of the loop (or never, without a threshold).
-    `loops`: [doc, page] (always loops) or [doc, page, below]."""
-
-    def __init__(self, loops=(), fail_vision=(), **kw):
-        failing = {tuple(p) for p in fail_vision}
-        super().__init__(fail_vision=lambda f: (f.doc, f.page) in failing, **kw)
-        self.loop_below = {(x[0], x[1]): (x[2] if len(x) > 2 else float("inf")) for x in loops}
-        self.samplings: list[tuple[int, int, float, int]] = []
-
-    def prefill(self, features, sampling):
-        if self.fail_prefill(features):
-            raise ValueError(f"fake prefill failure on doc {features.doc} page {features.page}")
-        with self.lock:
-            self.prefills.append((features.doc, features.page))
-            self.samplings.append((features.doc, features.page, sampling.temperature, sampling.seed))
-        loops = sampling.temperature < self.loop_below.get((features.doc, features.page), -1.0)
-        return FakeSeq(features, self.n_tokens(features), sampling.max_tokens, loops, self.loop_limit)
-
-
-class EngineFactory:
-    """Picklable (Ray workers build their own engine from it)."""
-
-    def __init__(self, n_tokens: int | None = None, step_sleep: float = 0.0, loops=(), fail_vision=(), on_step=None):
-        self.n_tokens, self.step_sleep, self.loops = n_tokens, step_sleep, loops
-        self.fail_vision, self.on_step = fail_vision, on_step
-
-    def __call__(self) -> SamplingEngine:
-        kw = {} if self.n_tokens is None else {"n_tokens": lambda f, n=self.n_tokens: n}
-        return SamplingEngine(loops=self.loops, fail_vision=self.fail_vision, step_sleep=self.step_sleep,
-                              on_step=self.on_step, **kw)
+TESTS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(TESTS))  # fake_engine, also as a script and in Ray workers
 
 
 def _die() -> None:
@@ -80,7 +45,7 @@ class _Counter:
 
 
 def _install(kill: _Counter | None, ready: str | None) -> None:
-    import pantheon_ocr.jobs as jobs
+    import pantheon_ocr.archive.run as jobs
 
     record, assemble, write_document, replace = jobs._JobRun._record, jobs._JobRun._assemble, jobs.write_document, os.replace
     n_recorded = [0]
@@ -116,9 +81,9 @@ def _install(kill: _Counter | None, ready: str | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from test_jobs_harness import EngineFactory as Factory  # by reference, so Ray workers can import it
+    from fake_engine import EngineFactory  # by reference, so Ray workers can import it
 
-    import pantheon_ocr.commands.archive as archive
+    import pantheon_ocr.archive.run as job_run
     from pantheon_ocr.cli import main as cli_main
 
     config = json.loads(os.environ.get("PANTHEON_TEST_ENGINE", "{}"))
@@ -129,7 +94,7 @@ def main(argv: list[str]) -> int:
         if point == "step":
             config["on_step"] = _StepKill(int(n))
     _install(kill, os.environ.get("PANTHEON_TEST_READY"))
-    archive.make_engine = lambda spec: Factory(**config)
+    job_run.model_engine_factory = lambda spec: EngineFactory(**config)
     return cli_main(argv)
 
 
@@ -148,7 +113,7 @@ if __name__ == "__main__":
 
 # ------------------------------------------------------------------- helpers for the tests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
 HARNESS = Path(__file__).resolve()
 
 

@@ -13,13 +13,14 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'pantheon-ocr[ray]' runs the scale-out tests")
 
-from fake_engine import SAMPLES  # noqa: E402
-from test_jobs_harness import EngineFactory, check_outputs, md_pages, pdf, run_cli, temp_litter, write_job  # noqa: E402
+from fake_engine import SAMPLES, EngineFactory  # noqa: E402
+from pantheon_ocr.archive.ray import RayExecutor  # noqa: E402
+from pantheon_ocr.archive.run import load_job, run_job  # noqa: E402
 from pantheon_ocr.errors import ExitCode  # noqa: E402
-from pantheon_ocr.jobs import load_job, run_job  # noqa: E402
-from pantheon_ocr.jobs_ray import RayExecutor  # noqa: E402
 
-TESTS = str(Path(__file__).resolve().parent)
+from .harness import check_outputs, md_pages, pdf, run_cli, temp_litter, write_job  # noqa: E402
+
+TESTS = str(Path(__file__).resolve().parent.parent)
 # Ray workers import the FakeEngine factory from tests/ (and pantheon_ocr, installed)
 WORKER_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))}
 LOOPS = [[1, 2, 0.4], [2, 3]]  # doc 1 page 2 comes good on the third attempt, doc 2 page 3 never
@@ -82,12 +83,12 @@ def test_pipeline_script(tmp_path, local_ray, monkeypatch, capsys):
     """pipelines/ray_archive.py over the Ray instance already running in this process."""
     import importlib.util
 
-    import pantheon_ocr.commands.archive as archive
+    import pantheon_ocr.archive.run as job_run
 
-    spec = importlib.util.spec_from_file_location("ray_archive", Path(__file__).resolve().parent.parent / "pipelines" / "ray_archive.py")
+    spec = importlib.util.spec_from_file_location("ray_archive", Path(__file__).resolve().parents[2] / "pipelines" / "ray_archive.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    monkeypatch.setattr(archive, "make_engine", lambda job_spec: EngineFactory())
+    monkeypatch.setattr(job_run, "model_engine_factory", lambda job_spec: EngineFactory())
     job = make_inputs(tmp_path)
     assert script.main([str(job), "--workers", "2", "--chunk-pages", "3"]) == ExitCode.PAGES_FAILED
     assert "run 1 of job 'job' finished: 4 new, 3 written" in capsys.readouterr().err

@@ -9,8 +9,8 @@ from pathlib import Path, PurePath
 
 import pytest
 
-from pantheon_ocr import outputs
-from pantheon_ocr.outputs import (
+from pantheon_ocr.pipeline import outputs
+from pantheon_ocr.pipeline.outputs import (
     atomic_write_bytes,
     atomic_write_text,
     plan_output_paths,
@@ -19,8 +19,8 @@ from pantheon_ocr.outputs import (
     render_txt,
     write_document,
 )
-from pantheon_ocr.pipeline_types import PageResult
-from pantheon_ocr.render import Document, make_document
+from pantheon_ocr.pipeline.types import PageResult
+from pantheon_ocr.pipeline.inputs import Document, make_document
 
 
 def doc(tmp_path: Path, rel: str) -> Document:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .outputs import OutputPaths, plan_output_paths, write_document
-from .pipeline_types import (
+from .types import (
     STAGES,
     DocumentOutcome,
     PageEngine,
@@ -39,7 +39,8 @@ from .pipeline_types import (
     Progress,
     RunSummary,
 )
-from .render import DEFAULT_LONGEST_EDGE, Document, count_pages, parse_pages, render_page, validate_page_spec
+from .inputs import Document, parse_pages, validate_page_spec
+from .render import DEFAULT_LONGEST_EDGE, count_pages, render_page
 from .render_pool import RenderPool
 
 _END = object()  # end of a stage's stream

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ExitCode, JobError
+from ..errors import ExitCode, JobError
 
 SCHEMA_VERSION = 1
 _SCHEMA = """

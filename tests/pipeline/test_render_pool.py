@@ -11,8 +11,9 @@ import pytest
 
 from fake_engine import CrashingRender, SAMPLES, SlowRender, marked_pdf, pid_after, read_marks, square
 from pantheon_ocr.errors import InputError
-from pantheon_ocr.render import count_pages, make_document, render_page
-from pantheon_ocr.render_pool import RenderPool, WorkerError
+from pantheon_ocr.pipeline.inputs import make_document
+from pantheon_ocr.pipeline.render import count_pages, render_page
+from pantheon_ocr.pipeline.render_pool import RenderPool, WorkerError
 
 
 @pytest.fixture

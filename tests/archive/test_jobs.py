@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from fake_engine import SAMPLES, expected_text
-from test_jobs_harness import EngineFactory, check_outputs, md_pages, pdf, run_cli, temp_litter, write_job
+from fake_engine import SAMPLES, EngineFactory, expected_text
+from pantheon_ocr.archive.run import job_status, load_job, run_job
+from pantheon_ocr.archive.state import JobLocked, connect
 from pantheon_ocr.errors import ExitCode, JobError
-from pantheon_ocr.jobs import job_status, load_job, run_job
-from pantheon_ocr.jobs_state import JobLocked, connect
 
-ROOT = Path(__file__).resolve().parent.parent
+from .harness import check_outputs, md_pages, pdf, run_cli, temp_litter, write_job
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Counting:
@@ -35,8 +36,9 @@ class Counting:
 
     def __call__(self):
         self.built += 1
-        self.engines.append(self.factory())
-        return self.engines[-1]
+        engine, notes = self.factory()
+        self.engines.append(engine)
+        return engine, notes
 
 
 def run(job: Path, factory=None, **kw):
@@ -246,12 +248,12 @@ def test_missing_model_file_exits_3(tmp_path):
 
 def test_pipeline_runs_explicit_tasks_with_their_own_sampling(tmp_path):
     """The pipeline hooks jobs use: explicit tasks, per-task sampling, on_page, no writing."""
-    from pantheon_ocr.pipeline import run_pipeline
-    from pantheon_ocr.pipeline_types import PageTask, PipelineOptions, SamplingOptions
-    from pantheon_ocr.render import make_document
+    from pantheon_ocr.pipeline.inputs import make_document
+    from pantheon_ocr.pipeline.run import run_pipeline
+    from pantheon_ocr.pipeline.types import PageTask, PipelineOptions, SamplingOptions
 
     doc = make_document(pdf(tmp_path / "in", "a.pdf", 4, 1))
-    engine = EngineFactory()()
+    engine, _ = EngineFactory()()
     hot = SamplingOptions(temperature=0.7, seed=5)
     tasks = [PageTask(doc, 3, 4), PageTask(doc, 1, 4, sampling=hot)]
     seen = []

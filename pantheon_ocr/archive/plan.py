@@ -15,11 +15,12 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import InputError
-from .jobs_state import Txn
-from .outputs import OutputPaths, plan_output_paths
-from .pipeline_types import FORMATS
-from .render import Document, count_pages, expand_inputs, parse_pages
+from ..errors import InputError
+from .state import Txn
+from ..pipeline.outputs import OutputPaths, plan_output_paths
+from ..pipeline.types import FORMATS
+from ..pipeline.inputs import Document, expand_inputs, parse_pages
+from ..pipeline.render import count_pages
 
 _TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # outputs.atomic_write_bytes' temp files
 
@@ -117,7 +118,7 @@ class PlanMixin:
         """Open new/changed documents in crash-proof workers (PDFium runs there)."""
         if not items:
             return
-        from .render_pool import RenderPool
+        from ..pipeline.render_pool import RenderPool
 
         pool = RenderPool(workers=self.options.render_workers, timeout=self.options.render_timeout)
         try:

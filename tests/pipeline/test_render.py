@@ -1,4 +1,4 @@
-"""render.py: inputs -> documents, page counting, page specs, rendering of PDFs and images."""
+"""pipeline/inputs.py and render.py: inputs -> documents, page counting, page specs, rendering of PDFs and images."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ from PIL import Image
 
 from fake_engine import SAMPLES, make_samples_module
 from pantheon_ocr.errors import ExitCode, InputError, UsageError
-from pantheon_ocr.render import (
-    MAX_IMAGE_PIXELS,
-    Document,
-    count_pages,
-    expand_inputs,
-    make_document,
-    parse_pages,
-    render_page,
-    validate_page_spec,
-)
+from pantheon_ocr.pipeline.inputs import Document, expand_inputs, make_document, parse_pages, validate_page_spec
+from pantheon_ocr.pipeline.render import MAX_IMAGE_PIXELS, count_pages, render_page
 
 ms = make_samples_module()
 

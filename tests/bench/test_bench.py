@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pantheon_ocr.bench import PageBenchOptions, bench_pages, expand_configs, format_table, synthetic_pdf
-from pantheon_ocr.bench_engine import bench_decode, bench_prefill, bench_vision
+from pantheon_ocr.bench.pages import PageBenchOptions, bench_pages, expand_configs, format_table
+from pantheon_ocr.bench.stages import bench_decode, bench_prefill, bench_vision
+from pantheon_ocr.bench.synthetic import synthetic_pdf
 from pantheon_ocr.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "fixtures" / "lightonocr-tiny"
 TEXT, MMPROJ = str(TINY / "text.gguf"), str(TINY / "mmproj.gguf")
 STAGES = {"render", "vision", "prefill", "decode"}

@@ -29,8 +29,8 @@ from collections import deque
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
-from .errors import JobError
-from .pipeline_types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+from ..errors import JobError
+from ..pipeline.types import STAGES, PageResult, PageTask, PipelineOptions, Progress
 
 RAY_MISSING = "--ray needs Ray: pip install 'pantheon-ocr[ray]' (or pip install 'ray[data]>=2.40')"
 
@@ -47,18 +47,18 @@ class PageWorker:
     """The actor (wrapped with ray.remote at run time, so this module imports without Ray)."""
 
     def __init__(self, engine_factory: Callable[[], Any]):
-        self.engine = engine_factory()
+        self.engine, self.notes = engine_factory()
         self.cache = Path(tempfile.mkdtemp(prefix="pantheon-ray-"))
         self.files: dict[str, Path] = {}  # doc_id -> local copy of the input
 
-    def where(self) -> tuple[str, int]:
-        return socket.gethostname(), os.getpid()
+    def where(self) -> tuple[str, int, list[str]]:
+        return socket.gethostname(), os.getpid(), self.notes
 
     def run(self, chunk: list[tuple], blobs: dict[str, Any], options: PipelineOptions) -> list[dict]:
         import ray
 
-        from .pipeline import run_pipeline
-        from .render import Document
+        from ..pipeline.inputs import Document
+        from ..pipeline.run import run_pipeline
 
         wanted = {item[0] for item in chunk}
         for doc_id in list(self.files):
@@ -94,6 +94,7 @@ class RayExecutor:
         self.cpus_per_worker, self.chunk_pages, self.in_flight = cpus_per_worker, chunk_pages, in_flight
         self.actors: list[Any] = []
         self.placement: list[tuple[str, int]] = []
+        self.notes: list[str] = []  # what the workers' engine factories said, once each
         self.started_ray = False
 
     def _start(self, ray) -> None:
@@ -111,10 +112,12 @@ class RayExecutor:
         actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=2, max_task_retries=0)(PageWorker)
         self.actors = [actor_cls.remote(self.engine_factory) for _ in range(n)]
         try:
-            self.placement = ray.get([a.where.remote() for a in self.actors])  # (host, pid) per actor, engines built
+            placed = ray.get([a.where.remote() for a in self.actors])  # once the engines are built
         except ray.exceptions.RayError as e:
             self.close()
             raise JobError(f"Ray workers could not start the engine: {_first_line(e)}") from None
+        self.placement = [(host, pid) for host, pid, _ in placed]
+        self.notes = list(dict.fromkeys(self.notes + [n for _, _, notes in placed for n in notes]))
 
     def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page, on_progress=None) -> bool:
         """Run the tasks; on_page gets each PageResult in this (the driver's) thread. Returns

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import JobError
-from .pipeline_types import FORMATS, PipelineOptions, SamplingOptions
+from ..errors import JobError
+from ..pipeline.types import FORMATS, PipelineOptions, SamplingOptions
 
 RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
 
@@ -94,8 +94,8 @@ def _float_list(v: Any) -> tuple[float, ...]:
 
 
 def _pages(v: Any) -> str:
-    from .render import validate_page_spec
-    from .errors import UsageError
+    from ..errors import UsageError
+    from ..pipeline.inputs import validate_page_spec
 
     v = _str(v)
     try:
@@ -281,28 +281,3 @@ def _did_you_mean(key: str, known: list[str], prefix: str = "") -> str:
 def _show(v: Any) -> str:
     text = repr(v) if not isinstance(v, str) else '"' + v + '"'
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def resolve_model_files(spec: JobSpec) -> tuple[Path, Path]:
-    """model.text (a file, or a folder holding one text GGUF and one *mmproj*.gguf) and
-    model.mmproj -> the two files. A missing file is a ModelError (exit 3) naming the key."""
-    from .errors import ModelError
-
-    where = spec.path.name
-    text, mmproj = spec.model["text"], spec.model["mmproj"]
-    if text is None:
-        raise JobError(f"{where}: model.text: required to run pages (a text GGUF, or a folder with the text and mmproj GGUFs)")
-    if text.is_dir():
-        ggufs = sorted(text.glob("*.gguf"))
-        proj = [p for p in ggufs if "mmproj" in p.name.lower()]
-        plain = [p for p in ggufs if p not in proj]
-        if len(plain) != 1 or (mmproj is None and len(proj) != 1):
-            raise JobError(f"{where}: model.text: {text} should hold one text GGUF and one *mmproj*.gguf, "
-                           f"found {[p.name for p in ggufs]}; name the files with model.text and model.mmproj")
-        text, mmproj = plain[0], mmproj or proj[0]
-    if mmproj is None:
-        raise JobError(f"{where}: model.mmproj: required with model.text = {text} (the vision half of the pair)")
-    for key, p in (("model.text", text), ("model.mmproj", mmproj)):
-        if not p.is_file():
-            raise ModelError(p, f"no such model file ({key} in {where})")
-    return text, mmproj

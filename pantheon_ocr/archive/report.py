@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .outputs import atomic_write_text
-from .pipeline_types import STAGES
+from ..pipeline.outputs import atomic_write_text
+from ..pipeline.types import STAGES
 
 _MAX_ROWS = 500  # table rows in the HTML; the JSON has everything
 
@@ -71,6 +71,29 @@ def write_reports(summary: dict, folder: Path, run_id: int) -> tuple[Path, Path]
     atomic_write_text(folder / "latest.json", js + "\n")
     atomic_write_text(folder / "latest.html", page)
     return paths
+
+
+def run_lines(result) -> list[str]:
+    """What a finished run says to the person who started it: totals, notes, every failure
+    and where the report is (one line each)."""
+    s = result.summary
+    docs = ", ".join(f"{n} {k}" for k, n in sorted(s["documents"].items())) or "no documents"
+    p = s["pages"]
+    lines = [f"run {s['run']} of job {s['job']!r} {s['status']}: {docs}",
+             f"pages: {p['done']} done, {p['retried']} retried, {p['failed']} failed; {p['tokens']} tokens in "
+             f"{s['seconds']:.1f} s"]
+    lines += [f"note: {note}" for note in s["notes"]]
+    if s["failures"]:
+        lines.append(f"{len(s['failures'])} failure(s):")
+        lines += [f"  {failure_line(f)}" for f in s["failures"]]
+    if result.report_html:
+        lines.append(f"report: {result.report_html}")
+    return lines
+
+
+def failure_line(f: dict) -> str:
+    """`path page N: reason` (or `path: reason` for a whole document)."""
+    return f"{f['path']}{'' if f['page'] is None else ' page ' + str(f['page'])}: {f['reason']}"
 
 
 # ------------------------------------------------------------------------------ HTML

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-STAGES = ("render", "vision", "prefill", "decode")
+from ..pipeline.types import STAGES
 
 
 @dataclass(frozen=True)
@@ -71,71 +71,7 @@ def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(T
     return [PageConfig(b, w, f, o, t) for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
 
 
-# ------------------------------------------------------------------------ synthetic input
-
-
-def synthetic_pdf(path: str | os.PathLike, n_pages: int, seed: int = 0) -> Path:
-    """A text PDF of n_pages Letter pages (Helvetica lines, a ruled table), written by hand so
-    that rendering it is real PDFium work. Deterministic for a given seed."""
-    rng = np.random.default_rng(seed)
-    words = ("the archive ledger of 1897 page total river north account received paid office committee "
-             "report annual section amount balance carried forward and to by from").split()
-    objects: list[bytes] = []  # object i+1
-
-    def add(body: bytes) -> int:
-        objects.append(body)
-        return len(objects)
-
-    catalog = add(b"")  # filled in below
-    pages_obj = add(b"")
-    font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    kids = []
-    for p in range(n_pages):
-        lines = [b"BT /F1 16 Tf 72 740 Td (ANNUAL REPORT - PAGE %d) Tj ET" % (p + 1)]
-        y = 712
-        while y > 72:
-            if rng.random() < 0.06 and y > 160:  # a ruled table
-                rows, cols = int(rng.integers(3, 6)), int(rng.integers(2, 5))
-                cw = 468 // cols
-                for r in range(rows + 1):
-                    lines.append(b"72 %d m %d %d l S" % (y - r * 14, 72 + cols * cw, y - r * 14))
-                for c in range(cols + 1):
-                    lines.append(b"%d %d m %d %d l S" % (72 + c * cw, y, 72 + c * cw, y - rows * 14))
-                y -= (rows + 1) * 14
-                continue
-            text = " ".join(rng.choice(words, size=int(rng.integers(8, 15)))).encode()
-            lines.append(b"BT /F1 10 Tf 72 %d Td (%s) Tj ET" % (y, text))
-            y -= 13
-        stream = b"\n".join(lines)
-        content = add(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
-        kids.append(add(b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 %d 0 R >> >> "
-                        b"/Contents %d 0 R >>" % (pages_obj, font, content)))
-    objects[catalog - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_obj
-    objects[pages_obj - 1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
-        b" ".join(b"%d 0 R" % k for k in kids), n_pages)
-    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
-    offsets = []
-    for i, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (i, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, catalog, xref)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(out))
-    return path
-
-
 # --------------------------------------------------------------------- one configuration
-
-
-class _NoGuard:
-    """Repetition guard that never fires (random weights loop; benchmarks want fixed lengths)."""
-
-    def looping(self, tokens) -> bool:
-        return False
 
 
 class TimedEngine:
@@ -177,20 +113,12 @@ class TimedEngine:
 
 def build_engine(opts: PageBenchOptions, config: PageConfig):
     """The real OCREngine, set up as the configuration says; returns (engine, load seconds)."""
-    from .engine import load_vlm
-    from .engine.page_engine import OCREngine
+    from ..engine.loader import EngineOptions, load_page_engine
 
     t0 = time.perf_counter()
-    vlm = load_vlm(opts.model, opts.mmproj, weights=config.weights)
-    if opts.vision_layers:
-        vlm.vision.layers = vlm.vision.layers[: opts.vision_layers]
-    if opts.text_layers:
-        vlm.decoder.layers = vlm.decoder.layers[: opts.text_layers]
-    vlm.decoder.flash = config.flash
-    engine = OCREngine(vlm)
-    if opts.ignore_eos:
-        engine.stop_ids = frozenset()
-        engine.guard = _NoGuard()
+    engine, _ = load_page_engine(EngineOptions(
+        opts.model, opts.mmproj, weights=config.weights, vision_layers=opts.vision_layers,
+        text_layers=opts.text_layers, flash=config.flash, ignore_eos=opts.ignore_eos))
     return engine, time.perf_counter() - t0
 
 
@@ -198,7 +126,7 @@ def _warm_up(engine) -> None:
     """One tiny page through every stage: BLAS threads started, tokenizer built, maps paged in."""
     from PIL import Image
 
-    from .pipeline_types import SamplingOptions
+    from ..pipeline.types import SamplingOptions
 
     feats = engine.vision(Image.new("RGB", (56, 56), "white"))
     seq = engine.prefill(feats, SamplingOptions(max_tokens=2))
@@ -210,10 +138,10 @@ def _warm_up(engine) -> None:
 def run_config(opts: dict, config: dict) -> dict:
     """Run the pipeline once for one configuration (call it in its own process); see the module
     docstring for the result shape (peak_rss_mb is added by the caller)."""
-    from .bench_engine import peak_rss_mb
-    from .pipeline import run_pipeline
-    from .pipeline_types import PipelineOptions, SamplingOptions
-    from .render import expand_inputs
+    from ..pipeline.inputs import expand_inputs
+    from ..pipeline.run import run_pipeline
+    from ..pipeline.types import PipelineOptions, SamplingOptions
+    from .isolation import peak_rss_mb
 
     o, c = PageBenchOptions(**{**opts, "inputs": tuple(opts["inputs"])}), PageConfig(**config)
     inner, load_s = build_engine(o, c)
@@ -287,12 +215,12 @@ def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool
     the configurations take turns (round robin, so a change of machine load hits them alike) and
     each reports its run with the median wall time (the lower middle one for an even count);
     summary.runs_wall_s lists every run."""
-    from .bench_engine import run_isolated
+    from .isolation import run_isolated
 
     runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
     for _ in range(repeats):
         for i, c in enumerate(configs):
-            r = run_isolated("pantheon_ocr.bench:run_config", {"opts": asdict(opts), "config": asdict(c)},
+            r = run_isolated("pantheon_ocr.bench.pages:run_config", {"opts": asdict(opts), "config": asdict(c)},
                              threads=c.threads, isolate=isolate)
             # run_isolated adds its own bookkeeping keys at top level: keep the documented shape.
             peak = r.pop("peak_rss_mb", None)
@@ -336,4 +264,4 @@ def format_table(results: list[dict], header: bool = True) -> str:
 
 
 __all__ = ["PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "format_table",
-           "run_config", "synthetic_pdf"]
+           "run_config"]

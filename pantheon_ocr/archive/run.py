@@ -25,53 +25,59 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
-from .errors import ExitCode, JobError, PantheonError
-from .jobs_plan import PlanMixin
-from .jobs_spec import JobSpec, load_job, resolve_model_files
-from .jobs_state import STAGE_COLUMNS, Heartbeat, Txn, acquire, finish_run, job_status, open_state, release
-from .outputs import OutputPaths, write_document
-from .pipeline_types import STAGES, PageResult, PageTask, PipelineOptions, Progress
-from .render import Document
+from ..engine.loader import EngineOptions, resolve_model
+from ..errors import ExitCode, JobError, ModelError, PantheonError
+from .plan import PlanMixin
+from .spec import JobSpec, load_job
+from .state import STAGE_COLUMNS, Heartbeat, Txn, acquire, finish_run, job_status, open_state, release
+from ..pipeline.outputs import OutputPaths, write_document
+from ..pipeline.types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+from ..pipeline.inputs import Document
 
 __all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "job_status", "load_job", "model_engine_factory", "run_job"]
 
 
 @dataclass(frozen=True)
 class ModelEngineFactory:
-    """Builds the real engine; picklable, so a Ray worker can build its own."""
+    """Builds the real engine: () -> (engine, notes). Picklable, so a Ray worker can build its own."""
 
-    text: Path
-    mmproj: Path
-    weights: str = "f32"
-    vision_backend: str = "numpy"
-    device: str | None = None
+    options: EngineOptions
 
     def __call__(self):
-        from .commands.transcribe import build_engine
+        from ..engine.loader import load_page_engine
 
-        return build_engine(self.text, self.mmproj, self.weights, self.vision_backend, self.device)
+        return load_page_engine(self.options)
 
 
 def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
-    text, mmproj = resolve_model_files(spec)
+    """The engine factory for the model files a job names. They are checked now, so that a
+    missing file fails the run before it takes the lock (exit 3)."""
     m = spec.model
-    return ModelEngineFactory(text, mmproj, m["weights"], m["vision_backend"], m["device"])
+    names = ("model.text", "model.mmproj")
+    text, mmproj = resolve_model(m["text"], m["mmproj"], names=names, where=spec.path.name)
+    for name, path in zip(names, (text, mmproj)):
+        if not path.is_file():
+            raise ModelError(path, f"no such model file ({name} in {spec.path.name})")
+    return ModelEngineFactory(EngineOptions(text, mmproj, m["weights"], m["vision_backend"], m["device"]))
 
 
 class LocalExecutor:
     """Runs a round in this process with the page pipeline (one engine, built on first use so
-    a night with nothing new never loads the model)."""
+    a night with nothing new never loads the model). `engine_factory() -> (engine, notes)`;
+    the notes end up in the run's summary."""
 
     name = "local"
 
     def __init__(self, engine_factory: Callable[[], Any], **pipeline_kw):
         self.engine_factory, self.engine, self.pipeline_kw = engine_factory, None, pipeline_kw
+        self.notes: list[str] = []
 
     def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page, on_progress=None) -> bool:
-        from .pipeline import run_pipeline
+        from ..pipeline.run import run_pipeline
 
         if self.engine is None:
-            self.engine = self.engine_factory()
+            self.engine, notes = self.engine_factory()
+            self.notes += notes
         summary = run_pipeline([], self.engine, options, on_progress, tasks=tasks, on_page=on_page,
                                write_outputs=False, **self.pipeline_kw)
         return summary.interrupted
@@ -143,6 +149,7 @@ class _JobRun(PlanMixin):
             try:
                 self.executor.close()
             finally:
+                self.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.notes]
                 summary = build_summary(self, status, code)
                 paths = (None, None)
                 try:

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError
+from ..errors import InputError
 
 
 class WorkerError(Exception):

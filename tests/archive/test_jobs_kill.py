@@ -2,7 +2,7 @@
 in the outputs, no truncated file, no temp litter, nothing recorded twice; and a second
 concurrent run is refused, then takes over once the first is dead.
 
-The command runs in a subprocess (tests/test_jobs_harness.py: the real CLI over a FakeEngine)
+The command runs in a subprocess (tests/archive/harness.py: the real CLI over a FakeEngine)
 which SIGKILLs itself at a chosen point, or is SIGKILLed by the test."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from test_jobs_harness import HARNESS, check_outputs, pdf, run_cli, temp_litter, write_job
 from pantheon_ocr.errors import ExitCode
+
+from .harness import HARNESS, check_outputs, pdf, run_cli, temp_litter, write_job
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX signals")
 

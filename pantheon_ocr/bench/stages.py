@@ -7,32 +7,21 @@
   seconds, prefill seconds with blocked (flash) or naive attention.
 - `bench_decode`: `forward_batch` alone, decode tokens/s against the batch size B.
 
-Every configuration can run in its own subprocess (`run_isolated`), so that it gets its own
-peak RSS (ru_maxrss) and its own BLAS thread count (OPENBLAS_NUM_THREADS etc. are read once, when
-numpy loads). Layers can be dropped at load (`layers=`) to fit a slow machine: every layer of a
+Every configuration can run in its own subprocess (`isolation.run_isolated`). Layers can be dropped at load (`layers=`) to fit a slow machine: every layer of a
 tower has the same shapes, so the full-depth time is estimated as the time outside the layers
 plus the median layer time x the full layer count; rows say when they are such estimates.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import resource
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
-LETTER_IN = (8.5, 11.0)  # page size in inches (width, height)
-A4_IN = (8.27, 11.69)
-PAGE_SIZES = {"letter": LETTER_IN, "a4": A4_IN}
-_RESULT_MARK = "@@bench-result@@ "
-BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+from .isolation import rss_now_mb
+from .synthetic import page_pixels, synthetic_page
 
 
 # -------------------------------------------------------------------------------- decoders
@@ -86,7 +75,7 @@ def _timed(fn) -> float:
 
 
 def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: int = 16) -> DecoderBench:
-    from .engine import load_model
+    from ..engine import load_model
 
     t0 = time.perf_counter()
     model = load_model(path, weights=storage)
@@ -105,45 +94,6 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
         prefill_tok_s=prefill_tokens / prefill, decode_tok_s=decode_tokens / decode,
         roofline_prefill_tok_s=prefill_tokens / roof_p, roofline_decode_tok_s=1 / roof_d, load_s=load_s,
     )
-
-
-# ---------------------------------------------------------------------- synthetic pages
-
-
-def page_pixels(page: str = "letter", longest_edge: int = 1540) -> tuple[int, int]:
-    """(width, height) in pixels of a portrait page rendered with its long side at longest_edge."""
-    w_in, h_in = PAGE_SIZES[page]
-    return round(longest_edge * w_in / h_in), longest_edge
-
-
-def synthetic_page(width: int, height: int, seed: int = 0):
-    """A page-like RGB image: white paper, a title, lines of text, a ruled table (PIL only)."""
-    from PIL import Image, ImageDraw
-
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    margin = max(4, width // 12)
-    line_h = max(6, height // 70)
-    words = ["the", "archive", "ledger", "of", "1897", "page", "total", "river", "north", "account",
-             "received", "paid", "office", "committee", "report", "annual", "—", "§", "12.5", "and"]
-    y = margin
-    draw.text((margin, y), "ANNUAL REPORT " + str(seed), fill="black")
-    y += 2 * line_h
-    while y < height - margin:
-        if rng.random() < 0.08:  # a small table
-            rows, cols = int(rng.integers(3, 6)), int(rng.integers(2, 5))
-            cw = (width - 2 * margin) // cols
-            for r in range(rows + 1):
-                draw.line([(margin, y + r * line_h), (margin + cols * cw, y + r * line_h)], fill="black")
-            for c in range(cols + 1):
-                draw.line([(margin + c * cw, y), (margin + c * cw, y + rows * line_h)], fill="black")
-            y += (rows + 1) * line_h
-            continue
-        text = " ".join(rng.choice(words, size=int(rng.integers(6, 14))))
-        draw.text((margin, y), text, fill="black")
-        y += line_h
-    return img
 
 
 # ---------------------------------------------------------------------- stage benchmarks
@@ -180,11 +130,11 @@ def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -
 def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, repeats: int = 1,
                  page: str = "letter", longest_edge: int | None = None, seed: int = 0) -> dict:
     """Vision encoder + projector on one synthetic page: seconds per page (median of repeats)."""
-    from .engine.gguf import open_gguf
-    from .engine.models.lightonocr import Projector
-    from .engine.models.pixtral import PixtralVision, vision_config
-    from .engine.preprocess import preprocess
-    from .engine.weights import WeightLoader
+    from ..engine.gguf import open_gguf
+    from ..engine.models.lightonocr import Projector
+    from ..engine.models.pixtral import PixtralVision, vision_config
+    from ..engine.preprocess import preprocess
+    from ..engine.weights import WeightLoader
 
     t0 = time.perf_counter()
     gf = open_gguf(mmproj)
@@ -192,7 +142,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
     vision = PixtralVision(gf, vc, storage)
     projector = Projector(WeightLoader(gf, storage), vc, 1e-6)  # the text eps (LightOnOCR: 1e-6)
     load_s = time.perf_counter() - t0
-    rss_load = _rss_now_mb()
+    rss_load = rss_now_mb()
     n_full = len(vision.layers)
     vision.layers, truncated = _truncate(vision.layers, layers)
     edge = longest_edge or vc.longest_edge
@@ -233,17 +183,17 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
     q_block: query rows per flash tile (None: the engine's default, attention.Q_BLOCK)."""
     from functools import partial
 
-    from .engine import TextModel
-    from .engine import attention
-    from .engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
+    from ..engine import TextModel
+    from ..engine import attention
+    from ..engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
 
     t0 = time.perf_counter()
     tm = TextModel(model, storage)
     load_s = time.perf_counter() - t0
-    rss_load = _rss_now_mb()
+    rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config
     if image_tokens is None:  # the page's resized size -> (H // 28) * (W // 28)
-        from .engine.preprocess import target_size
+        from ..engine.preprocess import target_size
 
         w, h = page_pixels(page, longest_edge)
         hh, ww = target_size(h, w, longest_edge, patch)
@@ -292,13 +242,13 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     values do not change the cost), advanced one token per step. The batch sizes take turns
     step by step (round robin), so that a change in machine load hits them all alike; the
     median step time per B gives tokens/s = B / step."""
-    from .engine import TextModel
-    from .engine.batch import forward_batch
+    from ..engine import TextModel
+    from ..engine.batch import forward_batch
 
     t0 = time.perf_counter()
     tm = TextModel(model, storage)
     load_s = time.perf_counter() - t0
-    rss_load = _rss_now_mb()
+    rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config
     n_full = len(dec.layers)
     dec.layers, truncated = _truncate(dec.layers, layers)
@@ -344,79 +294,3 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
         "layers_run": len(dec.layers), "layers_full": n_full, "estimated": truncated, "rows": rows,
         "load_s": load_s, "rss_after_load_mb": rss_load,
     }
-
-
-# ------------------------------------------------------------------- subprocess isolation
-
-
-def _rss_now_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return float("nan")
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, isolate: bool = True) -> dict:
-    """Call `module:function(**kwargs)` in a fresh Python process (own peak RSS, own BLAS thread
-    count) and return its dict, with peak_rss_mb, load average and wall seconds added. With
-    isolate=False it runs in this process (tests; peak RSS is then this process's)."""
-    load0 = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    if not isolate:
-        result = _call(func, kwargs)
-        result["peak_rss_mb"] = peak_rss_mb()
-    else:
-        env = dict(os.environ)
-        if threads:
-            env.update({k: str(threads) for k in BLAS_ENV})
-        payload = json.dumps({"func": func, "kwargs": kwargs})
-        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench_engine", payload], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"benchmark child {func} failed (exit {proc.returncode}): " + " | ".join(tail))
-        result = json.loads(lines[-1][len(_RESULT_MARK):])
-    result["threads"] = threads or "default"
-    result["load_avg_before"] = round(load0, 2)
-    result["load_avg_after"] = round(os.getloadavg()[0], 2)
-    result["wall_s"] = time.perf_counter() - t0
-    return result
-
-
-def _call(func: str, kwargs: dict[str, Any]) -> dict:
-    from importlib import import_module
-
-    module, name = func.split(":")
-    return getattr(import_module(module), name)(**kwargs)
-
-
-def _child(payload: str) -> int:
-    spec = json.loads(payload)
-    result = _call(spec["func"], spec["kwargs"])
-    result["peak_rss_mb"] = peak_rss_mb()
-    print(_RESULT_MARK + json.dumps(result), flush=True)
-    return 0
-
-
-def cpu_info() -> str:
-    """A one-line machine description for benchmark headers."""
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    la = os.getloadavg()
-    return f"{os.cpu_count()} cores {model}; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}"
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,93 @@
+"""One process per benchmark configuration: its own peak RSS (ru_maxrss) and its own BLAS thread
+count (OPENBLAS_NUM_THREADS etc. are read once, when numpy loads).
+
+    run_isolated("pantheon_ocr.bench.stages:bench_vision", {...}, threads=1)
+
+runs `python -m pantheon_ocr.bench.isolation PAYLOAD` and reads back the function's dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+_RESULT_MARK = "@@bench-result@@ "
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def rss_now_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, isolate: bool = True) -> dict:
+    """Call `module:function(**kwargs)` in a fresh Python process (own peak RSS, own BLAS thread
+    count) and return its dict, with peak_rss_mb, load average and wall seconds added. With
+    isolate=False it runs in this process (tests; peak RSS is then this process's)."""
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    if not isolate:
+        result = _call(func, kwargs)
+        result["peak_rss_mb"] = peak_rss_mb()
+    else:
+        env = dict(os.environ)
+        if threads:
+            env.update({k: str(threads) for k in BLAS_ENV})
+        payload = json.dumps({"func": func, "kwargs": kwargs})
+        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"benchmark child {func} failed (exit {proc.returncode}): " + " | ".join(tail))
+        result = json.loads(lines[-1][len(_RESULT_MARK):])
+    result["threads"] = threads or "default"
+    result["load_avg_before"] = round(load0, 2)
+    result["load_avg_after"] = round(os.getloadavg()[0], 2)
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def _call(func: str, kwargs: dict[str, Any]) -> dict:
+    from importlib import import_module
+
+    module, name = func.split(":")
+    return getattr(import_module(module), name)(**kwargs)
+
+
+def _child(payload: str) -> int:
+    spec = json.loads(payload)
+    result = _call(spec["func"], spec["kwargs"])
+    result["peak_rss_mb"] = peak_rss_mb()
+    print(_RESULT_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+def cpu_info() -> str:
+    """A one-line machine description for benchmark headers."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    la = os.getloadavg()
+    return f"{os.cpu_count()} cores {model}; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,120 @@
+"""Paths -> a ready page engine: the one place that does it, for the command line, archive jobs,
+benchmarks, scripts and Ray workers.
+
+    text, mmproj = resolve_model(model, mmproj)       # --model/--mmproj -> the two GGUF files
+    engine, notes = load_page_engine(EngineOptions(text, mmproj, weights="f32"))
+
+Nothing here prints: what a person should know about the engine (a tiny test model, what the
+`auto` vision backend chose) comes back as `notes`, one sentence each, for the caller to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+from .weights import Storage
+
+NO_MODEL = ("no model given: pass --model TEXT.gguf --mmproj MMPROJ.gguf (a LightOnOCR GGUF pair, "
+            "e.g. made by llama.cpp's convert_hf_to_gguf.py) or --model DIR holding both; "
+            "samples/tiny-model/ is a random-weight demo whose text is meaningless")
+TINY_BYTES = 50_000_000  # decoder weights below this cannot be a real OCR model
+
+
+def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
+                  names: tuple[str, str] = ("--model", "--mmproj"), where: str | None = None) -> tuple[Path, Path]:
+    """The text GGUF and the mmproj GGUF a user named: two files, or a folder holding one text
+    GGUF and one *mmproj*.gguf (an explicit mmproj wins over the folder's). `names` are the
+    option or key names the messages use, `where` the file they were read from (a job file).
+    UsageError when the pair is incomplete or ambiguous. Whether the files exist and are models
+    is for loading to say (callers that must know early check themselves)."""
+    model_name, mmproj_name = names
+
+    def bad(problem: str) -> UsageError:
+        return UsageError(f"{where}: {problem}" if where else problem)
+
+    if model is None:
+        if names == ("--model", "--mmproj"):
+            raise bad(NO_MODEL)
+        raise bad(f"{model_name}: required to run pages (a text GGUF, or a folder with the text and mmproj GGUFs)")
+    text, proj = Path(model), Path(mmproj) if mmproj is not None else None
+    if text.is_dir():
+        ggufs = sorted(text.glob("*.gguf"))
+        projs = [p for p in ggufs if "mmproj" in p.name.lower()]
+        plain = [p for p in ggufs if p not in projs]
+        if len(plain) != 1 or (proj is None and len(projs) != 1):
+            raise bad(f"{model_name}: {text} should hold one text GGUF and one *mmproj*.gguf, found "
+                      f"{[p.name for p in ggufs]}; name the files with {model_name} and {mmproj_name}")
+        text, proj = plain[0], proj or projs[0]
+    if proj is None:
+        raise bad(f"{mmproj_name}: required with {model_name} {text} (the vision half of the pair)")
+    return text, proj
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to build a page engine; picklable, so a Ray worker can build its own."""
+
+    model: Path  # the text GGUF (resolve_model gives it)
+    mmproj: Path
+    weights: Storage = "f32"  # resident float32 (fast) or "quantized" (least memory)
+    vision_backend: str = "numpy"  # numpy, torch, coreml or auto (engine/backends)
+    device: str | None = None  # torch device for the vision backend and the GPU switches
+    vision_dtype: str = "float32"
+    gpu_prefill: bool = False  # prefill projections on the torch device
+    gpu_decode: bool = False  # batched decode projections on the torch device
+    # Benchmarks only (figures quoted from these must say so): the first N layers of a tower,
+    # naive instead of blocked prefill attention, and pages that always run to max_tokens.
+    vision_layers: int | None = None
+    text_layers: int | None = None
+    flash: bool = True
+    ignore_eos: bool = False
+
+
+def load_page_engine(options: EngineOptions):
+    """The ready OCREngine for `options`, and notes for the user. A choice that cannot run here
+    (a missing extra, no such device) fails before the model is loaded."""
+    from . import load_vlm
+    from .page_engine import OCREngine
+
+    o = options
+    switches = o.gpu_prefill or o.gpu_decode
+    if o.device is not None and o.vision_backend == "numpy" and not switches:
+        raise UsageError(f"--device {o.device} is for --vision-backend torch/auto or --gpu-prefill/--gpu-decode; "
+                         "the numpy vision backend runs on the CPU")
+    own_vision = o.vision_backend == "numpy" and o.vision_dtype == "float32"
+    vision_device = None if o.vision_backend == "numpy" else o.device
+    device = o.device
+    if not own_vision:
+        from .backends import plan_vision_backend
+
+        plan_vision_backend(o.vision_backend, vision_device, o.vision_dtype)
+    if switches:
+        from .backends import resolve_device
+
+        device = resolve_device(device)
+
+    vlm = load_vlm(o.model, o.mmproj, weights=o.weights)
+    notes = []
+    n_bytes = sum(t.n_bytes for t in vlm.text.gguf.tensors.values())
+    if n_bytes < TINY_BYTES:
+        notes.append(f"{Path(o.model).name} is a tiny test model ({n_bytes / 1e6:.0f} MB of weights): its text is "
+                     "meaningless; point --model/--mmproj at LightOnOCR GGUF files for real OCR")
+    if o.vision_layers:
+        vlm.vision.layers = vlm.vision.layers[: o.vision_layers]
+    if o.text_layers:
+        vlm.decoder.layers = vlm.decoder.layers[: o.text_layers]
+    vlm.decoder.flash = o.flash
+    backend = None
+    if not own_vision:
+        from .backends import make_vision_backend
+
+        backend = make_vision_backend(o.vision_backend, vlm, device=vision_device, dtype=o.vision_dtype)
+        if o.vision_backend == "auto":
+            notes.append(f"vision backend: {backend.name} on {backend.device} ({backend.reason})")
+        if backend.name == "numpy":
+            backend = None  # the engine's own numpy path
+    engine = OCREngine(vlm, backend, gpu_prefill=o.gpu_prefill, gpu_decode=o.gpu_decode, device=device,
+                       ignore_eos=o.ignore_eos)
+    return engine, notes

@@ -46,7 +46,7 @@ def random_vision_model(n_layer: int, seed: int = 0, **shape):
     from gguf import GGMLQuantizationType as Q
 
     from pantheon_ocr.engine.models.lightonocr import Projector
-    from pantheon_ocr.engine.models.pixtral import PixtralVision, VisionConfig
+    from pantheon_ocr.engine.models.pixtral import PixtralLayer, PixtralVision, VisionConfig
     from pantheon_ocr.engine.weights import Weight
 
     s = {**REAL_VISION, **shape, "n_layer": n_layer}
@@ -69,10 +69,11 @@ def random_vision_model(n_layer: int, seed: int = 0, **shape):
     vision.patch_embd = mat("v.patch_embd.weight", d, 3 * 14 * 14)
     vision.patch_bias = None
     vision.pre_ln = norm(d)
-    vision.layers = [SimpleNamespace(
-        ln1=norm(d), ln2=norm(d), wq=mat("wq", d, d), wk=mat("wk", d, d), wv=mat("wv", d, d), wo=mat("wo", d, d),
-        bq=None, bk=None, bv=None, bo=None, gate=mat("gate", ff, d), up=mat("up", ff, d), down=mat("down", d, ff),
-        b_gate=None, b_up=None, b_down=None) for _ in range(n_layer)]
+    vision.layers = [PixtralLayer(
+        ln1=norm(d), ln2=norm(d), attn_q=mat("attn_q", d, d), attn_k=mat("attn_k", d, d), attn_v=mat("attn_v", d, d),
+        attn_out=mat("attn_out", d, d), attn_q_bias=None, attn_k_bias=None, attn_v_bias=None, attn_out_bias=None,
+        ffn_gate=mat("ffn_gate", ff, d), ffn_up=mat("ffn_up", ff, d), ffn_down=mat("ffn_down", d, ff),
+        ffn_gate_bias=None, ffn_up_bias=None, ffn_down_bias=None) for _ in range(n_layer)]
     proj = object.__new__(Projector)
     proj.merge, proj.eps = 2, 1e-6
     proj.norm = norm(d)
@@ -316,7 +317,8 @@ def bench_overlap(args) -> list[dict]:
     from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_model
     from pantheon_ocr.pipeline.inputs import expand_inputs
     from pantheon_ocr.pipeline.run import run_pipeline
-    from pantheon_ocr.pipeline.types import PipelineOptions, SamplingOptions
+    from pantheon_ocr.engine.sampling import SamplingOptions
+    from pantheon_ocr.pipeline.types import PipelineOptions
 
     text, mmproj = resolve_model(args.model, args.mmproj)
     docs = expand_inputs(args.docs or [str(p) for p in sorted((ROOT / "samples" / "docs").glob("*.pdf"))])

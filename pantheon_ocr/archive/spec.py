@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import JobError
-from ..pipeline.types import FORMATS, PipelineOptions, SamplingOptions
+from ..engine.sampling import SamplingOptions
+from ..pipeline.types import FORMATS, PipelineOptions
 
 RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
 

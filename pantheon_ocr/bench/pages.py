@@ -126,7 +126,7 @@ def _warm_up(engine) -> None:
     """One tiny page through every stage: BLAS threads started, tokenizer built, maps paged in."""
     from PIL import Image
 
-    from ..pipeline.types import SamplingOptions
+    from ..engine.sampling import SamplingOptions
 
     feats = engine.vision(Image.new("RGB", (56, 56), "white"))
     seq = engine.prefill(feats, SamplingOptions(max_tokens=2))
@@ -140,7 +140,8 @@ def run_config(opts: dict, config: dict) -> dict:
     docstring for the result shape (peak_rss_mb is added by the caller)."""
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.run import run_pipeline
-    from ..pipeline.types import PipelineOptions, SamplingOptions
+    from ..engine.sampling import SamplingOptions
+    from ..pipeline.types import PipelineOptions
     from .isolation import peak_rss_mb
 
     o, c = PageBenchOptions(**{**opts, "inputs": tuple(opts["inputs"])}), PageConfig(**config)

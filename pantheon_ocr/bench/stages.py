@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -46,11 +46,12 @@ def matmul_shapes(decoder) -> Counter:
     """(out, in) of every projection one token goes through, with multiplicity."""
     shapes: Counter = Counter()
     for layer in decoder.layers:
-        for w in vars(layer).values():
+        for f in fields(layer):
+            w = getattr(layer, f.name)
             if hasattr(w, "matmul"):
                 shapes[w.shape] += 1
-        if getattr(layer, "experts", None):  # each token runs n_expert_used experts
-            for w in layer.experts[0]:
+        if getattr(layer, "ffn_experts", None):  # each token runs n_expert_used experts
+            for w in layer.ffn_experts[0]:
                 shapes[w.shape] += decoder.cfg.n_expert_used
     shapes[decoder.output.shape] += 1
     return shapes
@@ -108,8 +109,8 @@ def _truncate(layers: list, n: int | None) -> tuple[list, bool]:
 
 
 def _time_layers(obj, times: list[float]) -> None:
-    """Record the duration of every `obj._layer(...)` call into `times` (instance-level wrap)."""
-    inner = obj._layer
+    """Record the duration of every `obj.block(...)` call into `times` (instance-level wrap)."""
+    inner = obj.block
 
     def timed(*args, **kwargs):
         t = time.perf_counter()
@@ -117,7 +118,7 @@ def _time_layers(obj, times: list[float]) -> None:
         times.append(time.perf_counter() - t)
         return out
 
-    obj._layer = timed
+    obj.block = timed
 
 
 def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -> float:
@@ -183,8 +184,8 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
     q_block: query rows per flash tile (None: the engine's default, attention.Q_BLOCK)."""
     from functools import partial
 
-    from ..engine import TextModel
     from ..engine import attention
+    from ..engine.text_model import TextModel
     from ..engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
 
     t0 = time.perf_counter()
@@ -242,8 +243,8 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     values do not change the cost), advanced one token per step. The batch sizes take turns
     step by step (round robin), so that a change in machine load hits them all alike; the
     median step time per B gives tokens/s = B / step."""
-    from ..engine import TextModel
     from ..engine.batch import forward_batch
+    from ..engine.text_model import TextModel
 
     t0 = time.perf_counter()
     tm = TextModel(model, storage)

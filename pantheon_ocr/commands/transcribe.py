@@ -59,7 +59,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..engine.loader import EngineOptions, load_page_engine, resolve_model
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.run import run_pipeline
-    from ..pipeline.types import PipelineOptions, SamplingOptions
+    from ..engine.sampling import SamplingOptions
+    from ..pipeline.types import PipelineOptions
 
     text_path, mmproj_path = resolve_model(model, mmproj)
     to_stdout = output == "-"

@@ -1,4 +1,5 @@
-"""Attention: naive reference, blocked ("flash") prefill, one-token decode, and the KV cache.
+"""Attention: naive reference, blocked ("flash") prefill, one-token decode, and attention over a
+KV cache (cache.KVCache) that stores the new keys and values as it goes.
 
 Layouts: q [Hq, Tq, D], k/v [Hkv, Tk, D]; query head h reads KV head h // (Hq // Hkv).
 Positions are explicit (q_pos [Tq], k_pos [Tk], ascending) so one kernel covers causal prefill
@@ -119,65 +120,7 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: floa
     return (p @ v).reshape(hq, d)
 
 
-class KVCache:
-    """Per-layer K/V for one sequence, [Hkv, slots, D]. Grows on demand up to `max_seq`.
-
-    With `ring` (sliding window), max_seq = the window: position p lives in slot p % max_seq and
-    a query at p reads min(p + 1, max_seq) slots.
-    """
-
-    def __init__(self, n_layer: int, n_kv: int, head_dim: int, max_seq: int, ring: bool):
-        self.n_kv, self.head_dim, self.max_seq, self.ring = n_kv, head_dim, max_seq, ring
-        cap = min(max_seq, 256)
-        self.k = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
-        self.v = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
-
-    def _reserve(self, layer: int, n: int) -> None:
-        cap = self.k[layer].shape[1]
-        if n <= cap:
-            return
-        new = min(self.max_seq, max(n, 2 * cap))
-        for buf in (self.k, self.v):
-            grown = np.zeros((self.n_kv, new, self.head_dim), np.float32)
-            grown[:, :cap] = buf[layer]
-            buf[layer] = grown
-
-    def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
-        t = k.shape[1]
-        if not self.ring and pos0 + t > self.max_seq:
-            raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
-        if self.ring:
-            keep = min(t, self.max_seq)
-            self._reserve(layer, min(pos0 + t, self.max_seq))
-            slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
-            self.k[layer][:, slots] = k[:, t - keep :]
-            self.v[layer][:, slots] = v[:, t - keep :]
-        else:
-            self._reserve(layer, pos0 + t)
-            self.k[layer][:, pos0 : pos0 + t] = k
-            self.v[layer][:, pos0 : pos0 + t] = v
-
-    def read(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Keys/values of the positions before n_pos that are still held, with their positions,
-        in ascending position order: (k [Hkv, L, D], v, positions [L])."""
-        if self.ring and n_pos > self.max_seq:
-            first = n_pos - self.max_seq
-            pos = np.arange(first, n_pos)
-            slots = pos % self.max_seq
-            return self.k[layer][:, slots], self.v[layer][:, slots], pos
-        return self.k[layer][:, :n_pos], self.v[layer][:, :n_pos], np.arange(n_pos)
-
-    def slots(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """All held keys/values in slot order (decode: order does not matter to softmax)."""
-        n = min(n_pos, self.max_seq)
-        return self.k[layer][:, :n], self.v[layer][:, :n]
-
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
-
-
-def cached_attention(cache: KVCache, layer: int, pos0: int, q, k, v, *, scale: float,
+def cached_attention(cache, layer: int, pos0: int, q, k, v, *, scale: float,
                      window: int = 0, flash: bool = True) -> np.ndarray:
     """Attention of a chunk (q [Hq,T,D], new k/v [Hkv,T,D] at positions pos0..) over the cache
     plus itself; writes the new k/v into the cache. Returns [Hq, T, D]."""

@@ -1,15 +1,16 @@
-"""B independent sequences advanced together, and the continuous-batching scheduler.
+"""B independent sequences advanced together by one token each.
 
-`forward_batch` runs every projection as one M=B matmul, so each weight is read once per step
-for all B sequences; only attention is per sequence (each has its own cache and position).
+`forward_batch` runs the decoder's own layer loop over B rows, one per sequence, so every
+projection is one M=B matmul (each weight read once per step for all B sequences); only
+attention is per sequence (each has its own cache and position, see cache.Rows).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .attention import decode_attention
-from .models.llama import Decoder, DecoderState
+from .cache import DecoderState, Rows
+from .models.llama import Decoder
 
 
 class BatchUnsupported(Exception):
@@ -22,35 +23,20 @@ def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int
 
     embd_rows: optional {b: row [n_embd]} replacing the token embedding of sequence b.
     """
-    c = decoder.cfg
-    if c.n_expert:
+    if decoder.cfg.n_expert:
         # Routing differs per row; batching it needs gathers per expert we have not written.
         raise BatchUnsupported("mixture-of-experts layers are decoded one sequence at a time")
     if len(states) != len(tokens) or not states:
         raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
     if len({id(s) for s in states}) != len(states):
         raise ValueError("the same sequence appears twice in one batch")
-    for s in states:
+    for s in states:  # checked before any cache is written: a refused batch changes nothing
         if not s.cache.ring and s.pos + 1 > s.cache.max_seq:
             raise ValueError(f"a sequence is full ({s.cache.max_seq} positions)")
     x = decoder.embed(tokens)  # [B, n_embd]
     for b, row in (embd_rows or {}).items():
         x[b] = row
-    positions = np.array([s.pos for s in states])
-    scale = c.head_dim ** -0.5
-
-    def attend(i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        out = np.empty_like(q)  # [B, Hq, D]
-        for b, s in enumerate(states):
-            s.cache.write(i, s.pos, k[b][:, None], v[b][:, None])  # [Hkv, 1, D]
-            kk, vv = s.cache.slots(i, s.pos + 1)
-            out[b] = decode_attention(q[b], kk, vv, scale=scale)
-        return out
-
-    x = decoder.run_layers(x, positions, attend)
-    for s, t in zip(states, tokens):
-        s.pos += 1
-        s.tokens.append(t)
+    x = decoder.run(Rows(states, [1] * len(states)), x, tokens)
     return decoder.logits_of(x)
 
 

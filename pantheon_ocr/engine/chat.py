@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from ..errors import ModelError
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
 
 _JINJA_STRING = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
 
@@ -20,8 +16,9 @@ def _jinja_literals(template: str) -> list[str]:
             for lit in re.findall(_JINJA_STRING, template, flags=re.S)]
 
 
-def render_chatml(tok: Tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """ChatML without a jinja engine, reading three facts off the file's template:
+def render_chatml(template: str | None, path: str, messages: list[dict], add_generation_prompt: bool) -> str:
+    """ChatML without a jinja engine, reading three facts off the file's template (`path` names
+    the file in errors):
 
     - a complete literal "<|im_start|>system...<|im_end|>\\n" is the system turn the template emits
       when the first message is not a system message (Qwen2/2.5, SmolLM2, LightOnOCR's empty one);
@@ -29,11 +26,10 @@ def render_chatml(tok: Tokenizer, messages: list[dict], add_generation_prompt: b
       expands it to one token per image embedding);
     - `c['text'] + '...'` gives the suffix of a text part (LightOnOCR adds "\\n").
     """
-    template = tok.chat_template
     if template is None:
-        raise ModelError(tok.path, "no tokenizer.chat_template in the file; cannot build a chat prompt")
+        raise ModelError(path, "no tokenizer.chat_template in the file; cannot build a chat prompt")
     if "<|im_start|>" not in template:
-        raise ModelError(tok.path, f"chat template is not ChatML (no <|im_start|>): {template[:80]!r}...; "
+        raise ModelError(path, f"chat template is not ChatML (no <|im_start|>): {template[:80]!r}...; "
                                    "only ChatML templates are supported")
     literals = _jinja_literals(template)
     default_system = next((s for s in literals if s.startswith("<|im_start|>system")
@@ -56,7 +52,7 @@ def render_chatml(tok: Tokenizer, messages: list[dict], add_generation_prompt: b
             for part in content:
                 if part.get("type") == "image" or "image" in part or "image_url" in part:
                     if image is None:
-                        raise ModelError(tok.path, "the chat template has no image placeholder")
+                        raise ModelError(path, "the chat template has no image placeholder")
                     body += image
                 elif "text" in part:
                     body += part["text"] + text_suffix

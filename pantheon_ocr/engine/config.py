@@ -1,4 +1,8 @@
-"""GGUF metadata -> a frozen decoder config. One function builds it; every check names key and file."""
+"""GGUF metadata -> a frozen decoder config. One function builds it; every check names key and file.
+
+Architecture names matter only here: the shared decoder reads capability flags (what the file
+holds and how to use it), each computed once below with the reason beside it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ DECODER_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    arch: str
+    arch: str  # for messages and the decoder registry; the decoder itself reads the flags
     n_layer: int
     n_embd: int
     n_ff: int
@@ -22,17 +26,17 @@ class DecoderConfig:
     head_dim: int
     n_rot: int  # rotary dims (< head_dim for Phi-3's partial rotary)
     rope_base: float
-    rope_neox: bool  # split-half pairs; False = adjacent pairs (llama.cpp's permuted llama Q/K)
+    rope_neox: bool  # flag: split-half pairs; False = adjacent pairs (llama.cpp's permuted llama Q/K)
     rope_linear_scale: float  # positions are divided by this (rope.scaling.type = linear)
     eps: float
     n_vocab: int
     n_ctx: int
-    sliding_window: int  # 0 = full causal attention
-    n_expert: int  # 0 = dense FFN
+    sliding_window: int  # flag: 0 = full causal attention; else keys this far back are not seen
+    n_expert: int  # flag: 0 = dense FFN; else a mixture of this many experts
     n_expert_used: int
-    qkv_bias: bool
-    qk_norm: bool
-    tied_embeddings: bool
+    qkv_bias: bool  # flag: the Q/K/V projections carry biases
+    qk_norm: bool  # flag: RMSNorm on every Q and K head before RoPE
+    tied_embeddings: bool  # flag: the output head is the token embedding table
 
     @property
     def max_seq(self) -> int:
@@ -73,13 +77,20 @@ def decoder_config(gf: GGUFFile) -> DecoderConfig:
         head_dim=head_dim,
         n_rot=n_rot,
         rope_base=key("rope.freq_base", float, 10000.0),
+        # llama.cpp's converter permutes the Q/K rows of llama-arch files (mistral and mixtral
+        # too) so that rotary pairs are adjacent; qwen2, qwen3 and phi3 files keep Hugging
+        # Face's split-half pairs. Nothing in the file says which, so the architecture decides.
         rope_neox=arch != "llama",
         rope_linear_scale=key("rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
         eps=key("attention.layer_norm_rms_epsilon", float),
         n_vocab=n_vocab,
         n_ctx=key("context_length", int),
-        # Phi-3 files carry a window llama.cpp ignores; only llama-arch files opt in (ours).
+        # Phi-3 files carry a window that llama.cpp ignores (the model runs full attention);
+        # only llama-arch files (mistral) opt in.
         sliding_window=key("attention.sliding_window", int, 0) if arch == "llama" else 0,
+        # The rest is what the file holds: an expert count makes every FFN a mixture (mixtral);
+        # Q/K/V biases (qwen2; phi3's fused ones), per-head Q/K norms (qwen3) and a separate
+        # output head (none: tied to the token embeddings) are there or not.
         n_expert=n_expert,
         n_expert_used=key("expert_used_count", int) if n_expert else 0,
         qkv_bias="blk.0.attn_q.bias" in gf.tensors or "blk.0.attn_qkv.bias" in gf.tensors,

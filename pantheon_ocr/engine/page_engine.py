@@ -1,6 +1,13 @@
-"""The real engine behind the pipeline's PageEngine protocol: LightOnOCR pages as sequences,
-prefilled one by one and decoded together (forward_batch), each leaving at EOS, max tokens or
-the repetition guard.
+"""The page API: LightOnOCR pages as sequences, prefilled one by one and decoded together
+(forward_batch), each leaving at EOS, max tokens or the repetition guard.
+
+    engine = OCREngine(load_vlm(text, mmproj))              # or engine.loader.load_page_engine
+    engine.transcribe("page.png")                            # one page, start to finish -> str
+    seq = engine.run_page("page.png", SamplingOptions(...))  # the same, the finished sequence
+    # what the pipeline does with many pages at once (its PageEngine protocol):
+    features = engine.vision(image)                          # vision thread
+    seq = engine.prefill(features, sampling)                 # CPU thread: a new sequence
+    engine.decode_step([seq, ...])                           # CPU thread: one token for each
 
 Accelerators (engine/backends): `vision_backend` runs the vision stage (torch, Core ML; None =
 the numpy encoder in the model); `gpu_prefill` / `gpu_decode` run the prefill or batched decode
@@ -10,13 +17,11 @@ default. The KV caches stay numpy, so a page prefilled on the device decodes on 
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
 
-from ..pipeline.types import SamplingOptions
 from .batch import batch_logits
+from .cache import DecoderState
 from .models.lightonocr import LightOnOCR
-from .models.llama import DecoderState
-from .sampling import RepetitionGuard, Sampler, SamplingParams
+from .sampling import RepetitionGuard, Sampler, SamplingOptions
 
 
 class PageSeq:
@@ -24,7 +29,7 @@ class PageSeq:
 
     def __init__(self, engine: "OCREngine", state: DecoderState, sampling: SamplingOptions):
         self.engine, self.state = engine, state
-        self.sampler = Sampler(SamplingParams(sampling.temperature, sampling.top_p, sampling.seed))
+        self.sampler = Sampler(sampling)
         self.max_tokens = sampling.max_tokens
         self.generated: list[int] = []
         self.finished = False
@@ -53,8 +58,8 @@ class PageSeq:
 
 
 class OCREngine:
-    """PageEngine over a LightOnOCR model: vision() on the vision thread, prefill() and
-    decode_step() on the CPU thread."""
+    """A LightOnOCR model as a page engine: vision() on the vision thread, prefill() and
+    decode_step() on the CPU thread; transcribe() / run_page() for one page on this thread."""
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False):
@@ -74,7 +79,23 @@ class OCREngine:
             self.prefill_decoder = self.switches.prefill_decoder
             self.decode_decoder = self.switches.decode_decoder
 
-    def vision(self, image: Image.Image) -> np.ndarray:
+    # -- one page ----------------------------------------------------------------------------
+    def transcribe(self, image, sampling: SamplingOptions = SamplingOptions()) -> str:
+        """The text (Markdown) of one page image (path, bytes, PIL image or uint8 array)."""
+        return self.run_page(image, sampling).text()
+
+    def run_page(self, image=None, sampling: SamplingOptions = SamplingOptions(), *,
+                 features: np.ndarray | None = None) -> PageSeq:
+        """One page through every stage on this thread; the finished sequence (.generated,
+        .finish_reason, .text()). `features` from vision() skips the vision stage."""
+        seq = self.prefill(self.vision(image) if features is None else features, sampling)
+        while not seq.finished:
+            self.decode_step([seq])
+        return seq
+
+    # -- the pipeline's stages ---------------------------------------------------------------
+    def vision(self, image) -> np.ndarray:
+        """Image -> image features [M, n_embd] float32."""
         if self.vision_backend is not None:
             return self.vision_backend.encode(self.vlm.preprocess(image))
         return self.vlm.encode_image(image)

@@ -1,4 +1,7 @@
-"""Token choice: greedy, or temperature + top-p with a seeded generator."""
+"""Token choice: greedy, or temperature + top-p with a seeded generator; and the repetition guard.
+
+`SamplingOptions` is the one sampling type of the project: the pipeline, archive jobs (which
+retry a page hotter) and the engine all pass it, and it is validated once, when it is made."""
 
 from __future__ import annotations
 
@@ -10,20 +13,23 @@ from ..errors import UsageError
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
+class SamplingOptions:
+    max_tokens: int = 4096  # a dense page of LightOnOCR output is ~1-2k tokens
+    temperature: float = 0.0  # 0 = greedy: OCR wants the most likely reading, reproducibly
     top_p: float = 1.0
-    seed: int | None = None
+    seed: int | None = 0  # None: a fresh random seed
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
         if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+            raise UsageError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams = SamplingParams()):
+    def __init__(self, params: SamplingOptions = SamplingOptions()):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 

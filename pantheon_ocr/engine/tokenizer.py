@@ -161,7 +161,7 @@ class Tokenizer:
 
     # -- chat --------------------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_chatml(self, messages, add_generation_prompt)
+        return render_chatml(self.chat_template, self.path, messages, add_generation_prompt)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.kind}, {self.n_vocab} tokens, {self.path!r})"

@@ -12,27 +12,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
+from ..engine.sampling import SamplingOptions
 from ..errors import ExitCode, UsageError
 from .inputs import Document
 
 FORMATS = ("md", "jsonl", "txt")
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    max_tokens: int = 4096  # a dense page of LightOnOCR output is ~1-2k tokens
-    temperature: float = 0.0  # greedy: OCR wants the most likely reading, reproducibly
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
 
 
 @runtime_checkable

@@ -250,7 +250,8 @@ def test_pipeline_runs_explicit_tasks_with_their_own_sampling(tmp_path):
     """The pipeline hooks jobs use: explicit tasks, per-task sampling, on_page, no writing."""
     from pantheon_ocr.pipeline.inputs import make_document
     from pantheon_ocr.pipeline.run import run_pipeline
-    from pantheon_ocr.pipeline.types import PageTask, PipelineOptions, SamplingOptions
+    from pantheon_ocr.engine.sampling import SamplingOptions
+    from pantheon_ocr.pipeline.types import PageTask, PipelineOptions
 
     doc = make_document(pdf(tmp_path / "in", "a.pdf", 4, 1))
     engine, _ = EngineFactory()()

@@ -157,7 +157,7 @@ def test_random_lightonocr_pair_loads_and_runs(tmp_path, monkeypatch, dtype):
     vlm = load_vlm(text, mmproj)
     assert vlm.config.n_layer == 2 and vlm.vision_config.n_layer == 1 and vlm.config.head_dim == 32
     feats = vlm.encode_image(np.full((70, 84, 3), 200, np.uint8))
-    _, logits = vlm.prefill(feats)
+    logits = vlm.decoder.forward(vlm.decoder.new_state(), *vlm.prompt_and_rows(feats))
     assert np.all(np.isfinite(feats)) and np.all(np.isfinite(logits))
     assert 0.1 < float(feats.std()) < 10
 

@@ -27,11 +27,13 @@ def test_importing_the_package_imports_no_accelerator_library():
 @pytest.fixture
 def no_extras(monkeypatch):
     """Pretend neither torch nor coremltools is installed."""
-    real = B.has_module
-    monkeypatch.setattr(B, "has_module", lambda name: False if name in ("torch", "coremltools") else real(name))
+    import pantheon_ocr.engine.backends.common as common_mod
     import pantheon_ocr.engine.backends.coreml as coreml_mod
 
-    monkeypatch.setattr(coreml_mod, "has_module", B.has_module)
+    real = common_mod.has_module
+    fake = lambda name: False if name in ("torch", "coremltools") else real(name)  # noqa: E731
+    for module in (B, common_mod, coreml_mod):  # each holds its own reference to has_module
+        monkeypatch.setattr(module, "has_module", fake)
 
 
 def test_missing_torch_says_what_to_install(no_extras):

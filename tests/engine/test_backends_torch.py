@@ -107,7 +107,7 @@ def test_bad_pixels_and_dtype():
 
 def test_ocr_engine_with_torch_vision_gives_the_same_tokens():
     from pantheon_ocr.engine.page_engine import OCREngine
-    from pantheon_ocr.pipeline.types import SamplingOptions
+    from pantheon_ocr.engine.sampling import SamplingOptions
 
     image = LIGHTONOCR_DIR / "images" / "d_text_300x120.png"
     sampling = SamplingOptions(max_tokens=8)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pantheon_ocr.engine.attention import (
-    KVCache,
-    cached_attention,
-    decode_attention,
-    flash_attention,
-    naive_attention,
-)
+from pantheon_ocr.engine.attention import cached_attention, decode_attention, flash_attention, naive_attention
+from pantheon_ocr.engine.cache import KVCache
 
 TOL = 1e-5
 

@@ -21,7 +21,7 @@ from pantheon_ocr.engine.backends.device import DeviceWeight, GpuSwitches, mirro
 from pantheon_ocr.engine.batch import batch_logits  # noqa: E402
 from pantheon_ocr.engine.page_engine import OCREngine  # noqa: E402
 from pantheon_ocr.engine.weights import Weight  # noqa: E402
-from pantheon_ocr.pipeline.types import SamplingOptions  # noqa: E402
+from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 
 from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
 
@@ -35,7 +35,7 @@ def vlm(mode="f32"):
 def test_device_weight_matmul_contract(mode):
     dec = vlm(mode).decoder
     rng = np.random.default_rng(0)
-    for w in (dec.layers[0].wq, dec.layers[1].down, dec.output):
+    for w in (dec.layers[0].attn_q, dec.layers[1].ffn_down, dec.output):
         dw = DeviceWeight(w, "cpu")
         for m in (1, 5):
             x = rng.standard_normal((m, w.shape[1]), dtype=np.float32)
@@ -52,8 +52,8 @@ def test_mirror_uploads_once_and_leaves_the_decoder_alone():
     uploads: dict = {}
     a = mirror_decoder(dec, "cpu", output=False, uploads=uploads)
     b = mirror_decoder(dec, "cpu", output=True, uploads=uploads)
-    assert a.layers[0].wq is b.layers[0].wq and isinstance(a.layers[0].wq, DeviceWeight)
-    assert isinstance(dec.layers[0].wq, Weight) and dec.output is dec.token_embd
+    assert a.layers[0].attn_q is b.layers[0].attn_q and isinstance(a.layers[0].attn_q, DeviceWeight)
+    assert isinstance(dec.layers[0].attn_q, Weight) and dec.output is dec.token_embd
     assert a.output is dec.output and isinstance(b.output, DeviceWeight)
     assert a.layers[0].attn_norm is dec.layers[0].attn_norm  # norms etc. stay shared numpy arrays
 

@@ -13,6 +13,8 @@ from gguf import GGUFWriter
 from PIL import Image
 
 from pantheon_ocr.engine import load_vlm
+from pantheon_ocr.engine.page_engine import OCREngine
+from pantheon_ocr.engine.sampling import SamplingOptions
 from pantheon_ocr.engine.attention import flash_attention, naive_attention
 from pantheon_ocr.engine.gguf import open_gguf
 from pantheon_ocr.engine.models.lightonocr import merge_patches
@@ -20,6 +22,8 @@ from pantheon_ocr.engine.models.pixtral import vision_config
 from pantheon_ocr.engine.ops import rope_angles_2d
 from pantheon_ocr.engine.preprocess import preprocess, target_size
 from pantheon_ocr.errors import InputError, ModelError
+
+from .stage_dump import stage_dump
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "lightonocr-tiny"
 TEXT, MMPROJ = FIX / "text.gguf", FIX / "mmproj.gguf"
@@ -48,7 +52,7 @@ def model(mode: str):
 
 @lru_cache(maxsize=None)
 def dump(mode: str, name: str) -> dict[str, np.ndarray]:
-    return model(mode).stage_dump(FIX / "images" / f"{name}.png")
+    return stage_dump(model(mode), FIX / "images" / f"{name}.png")
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -179,7 +183,7 @@ def test_prompt_logits(mode, name):
     np.testing.assert_array_equal(ids, r["input_ids"])
     dec = vlm.decoder
     state = dec.new_state()
-    hidden = dec.hidden(state, dec.embed(ids, (np.flatnonzero(np.asarray(ids) == IMAGE_PAD), features)))
+    hidden = dec.hidden(state, ids, (np.flatnonzero(np.asarray(ids) == IMAGE_PAD), features))
     sub = r["logits_subset_ids"]
     for s in range(0, len(ids), 128):
         lg = dec.logits_of(hidden[s:s + 128])  # [<=128, n_vocab]
@@ -187,8 +191,8 @@ def test_prompt_logits(mode, name):
         lse = logsumexp(lg)
         assert np.max(np.abs(lse - r["logits_logsumexp"][s:s + 128])) <= LOGIT_ABS
         check_argmax(lg, r["logits_argmax"][s:s + 128], f"{name} prompt")
-    # prefill() gives the same last row
-    _, last = vlm.prefill(features)
+    # forward() gives the same last row
+    last = dec.forward(dec.new_state(), *vlm.prompt_and_rows(features))
     assert last.shape == (1, r["logits_last"].shape[0])
     assert np.max(np.abs(last[0] - r["logits_last"])) <= LOGIT_ABS
 
@@ -198,7 +202,8 @@ def test_prompt_logits(mode, name):
 def test_greedy_generation(mode, name):
     r, vlm = ref(name), model(mode)
     features = vlm.encode_image(FIX / "images" / f"{name}.png")
-    state, logits = vlm.prefill(features)
+    state = vlm.decoder.new_state()
+    logits = vlm.decoder.forward(state, *vlm.prompt_and_rows(features))
     sub, n = r["gen_logits_subset_ids"], len(r["gen_ids"])
     rows = []
     for step in range(n):
@@ -210,7 +215,8 @@ def test_greedy_generation(mode, name):
     assert np.max(np.abs(lse - r["gen_logits_logsumexp"])) <= LOGIT_ABS
     check_argmax(rows, r["gen_logits_argmax"], f"{name} generation")
     # free-running greedy generation (own tokens, no EOS stop) gives exactly the reference ids
-    assert vlm.generate(None, max_new_tokens=n, stop=False, features=features) == r["gen_ids"].tolist()
+    seq = OCREngine(vlm, ignore_eos=True).run_page(features=features, sampling=SamplingOptions(max_tokens=n))
+    assert seq.generated == r["gen_ids"].tolist()
 
 
 def test_transcribe_and_prompt_template():
@@ -220,7 +226,7 @@ def test_transcribe_and_prompt_template():
     gen = r["gen_ids"].tolist()
     assert IM_END not in gen and ENDOFTEXT not in gen
     assert {IM_END, ENDOFTEXT} <= vlm.stop_ids
-    text = vlm.transcribe(image, max_new_tokens=5)
+    text = OCREngine(vlm).transcribe(image, SamplingOptions(max_tokens=5))
     assert isinstance(text, str) and text == vlm.tokenizer.decode(gen[:5])
     # stage input ids equal what the file's own chat template renders (image part expanded)
     tok = vlm.tokenizer
@@ -235,8 +241,8 @@ def test_transcribe_and_prompt_template():
 def test_sampling_is_seeded():
     vlm = model("f32")
     features = vlm.encode_image(FIX / "images" / "c_rgba_90x60.png")
-    kw = dict(max_new_tokens=6, temperature=1.5, top_p=0.95, seed=11, stop=False, features=features)
-    a, b = vlm.generate(None, **kw), vlm.generate(None, **kw)
+    engine, sampling = OCREngine(vlm, ignore_eos=True), SamplingOptions(max_tokens=6, temperature=1.5, top_p=0.95, seed=11)
+    a, b = (engine.run_page(features=features, sampling=sampling).generated for _ in range(2))
     assert a == b and len(a) == 6
 
 

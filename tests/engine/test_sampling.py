@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pantheon_ocr.engine.sampling import RepetitionGuard, Sampler, SamplingParams
+from pantheon_ocr.engine.sampling import RepetitionGuard, Sampler, SamplingOptions
 from pantheon_ocr.errors import UsageError
 
 PIECES = {1: ".", 2: " ", 3: "Average", 4: "|", 5: "---", 6: "\n", 7: " the", 8: " cat", 9: "_", 10: "-"}
@@ -52,7 +52,7 @@ def test_greedy_is_argmax():
 def test_seeded_sampling_is_reproducible_and_respects_top_p():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal(1000).astype(np.float32) * 3
-    params = SamplingParams(temperature=0.8, top_p=0.5, seed=42)
+    params = SamplingOptions(temperature=0.8, top_p=0.5, seed=42)
     a = [Sampler(params)(logits) for _ in range(3)]
     s1, s2 = Sampler(params), Sampler(params)
     seq1 = [s1(logits) for _ in range(50)]
@@ -67,10 +67,10 @@ def test_seeded_sampling_is_reproducible_and_respects_top_p():
 
 def test_top_p_tiny_keeps_the_top_token():
     logits = np.array([1.0, 5.0, 2.0], dtype=np.float32)
-    assert all(Sampler(SamplingParams(1.0, 1e-6, seed=s))(logits) == 1 for s in range(20))
+    assert all(Sampler(SamplingOptions(temperature=1.0, top_p=1e-6, seed=s))(logits) == 1 for s in range(20))
 
 
 @pytest.mark.parametrize("t, p", [(-0.1, 1.0), (0.5, 0.0), (0.5, 1.5)])
 def test_bad_parameters(t, p):
     with pytest.raises(UsageError):
-        SamplingParams(t, p)
+        SamplingOptions(temperature=t, top_p=p)

@@ -18,7 +18,8 @@ from PIL import Image
 from fake_engine import SAMPLES, CrashingRender, FakeEngine, expected_text, make_samples_module, marked_pdf, vm_rss_kb
 from pantheon_ocr.errors import ExitCode, UsageError
 from pantheon_ocr.pipeline.run import run_pipeline
-from pantheon_ocr.pipeline.types import PageEngine, PipelineOptions, SamplingOptions, Seq
+from pantheon_ocr.engine.sampling import SamplingOptions
+from pantheon_ocr.pipeline.types import PageEngine, PipelineOptions, Seq
 from pantheon_ocr.pipeline.inputs import expand_inputs
 
 ms = make_samples_module()

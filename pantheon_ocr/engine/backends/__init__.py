@@ -14,25 +14,17 @@ says why it chose what it chose.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import platform
-import sys
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from ...errors import UsageError
+from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, has_module, mps_available,
+                     require_torch, resolve_device)
 
 BACKENDS = ("numpy", "torch", "coreml", "auto")
 DTYPES = ("float32", "bfloat16", "float16")
-GPU_EXTRA = "pip install 'pantheon-ocr[gpu]'"
-COREML_EXTRA = "pip install 'pantheon-ocr[coreml]'"
-
-
-class BackendUnavailable(UsageError):
-    """The chosen backend or device cannot run here; the message says what to install or pick."""
-
 
 @runtime_checkable
 class VisionBackend(Protocol):
@@ -54,7 +46,7 @@ class NumpyVisionBackend:
         self.vlm, self.reason = vlm, reason
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
-        return self.vlm.encode_image(_check_pixels(pixels))
+        return self.vlm.encode_image(check_pixels(pixels))
 
     def __repr__(self) -> str:
         return "NumpyVisionBackend()"
@@ -117,68 +109,6 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
     return backend
 
 
-# -- availability --------------------------------------------------------------------------------
-def has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def require_torch():
-    """torch, or BackendUnavailable saying to install the gpu extra.
-
-    Before torch's first import this sets OMP_WAIT_POLICY=PASSIVE unless the user set it: torch's
-    OpenMP workers otherwise spin after every op and steal the cores that numpy's BLAS needs in the
-    other pipeline stage (measured here: --gpu-decode on device cpu 30x slower at B=4, the numpy
-    CPU stage 7x slower after torch vision calls)."""
-    if not has_module("torch"):
-        raise BackendUnavailable(f"this needs torch, which is not installed: {GPU_EXTRA}")
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        import torch
-    except Exception as exc:  # noqa: BLE001 - a broken install is still one line
-        raise BackendUnavailable(f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); "
-                                 f"reinstall it with {GPU_EXTRA}") from exc
-    return torch
-
-
-def resolve_device(device: str | None) -> str:
-    """A torch device string that works here: None -> cuda, else mps, else cpu. An explicit device
-    that torch cannot use raises BackendUnavailable naming what is missing."""
-    torch = require_torch()
-    if device is None:
-        if torch.cuda.is_available():
-            return "cuda"
-        if _mps_available(torch):
-            return "mps"
-        return "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        raise BackendUnavailable(f"--device {device!r} is not a torch device (use cpu, cuda, cuda:N or mps)") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise BackendUnavailable(f"--device {device}: {why} (torch {torch.__version__}); install a CUDA build "
-                                     f"of torch on a machine with an NVIDIA GPU, or use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise BackendUnavailable(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    elif dev.type == "mps":
-        if not _mps_available(torch):
-            raise BackendUnavailable(f"--device {device}: the Apple MPS backend is not available here "
-                                     "(it needs macOS on Apple silicon); use --device cpu")
-    elif dev.type != "cpu":
-        raise BackendUnavailable(f"--device {device}: unsupported device type {dev.type!r} (use cpu, cuda or mps)")
-    return str(dev)
-
-
-def _mps_available(torch) -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
 def _auto(device: str | None) -> tuple[str, str | None, str]:
     """(backend, device, reason) for --vision-backend auto."""
     if device == "cpu":
@@ -197,16 +127,10 @@ def _auto(device: str | None) -> tuple[str, str | None, str]:
             return "numpy", None, str(exc)
         if torch.cuda.is_available():
             return "torch", "cuda", "torch sees a CUDA GPU"
-        if _mps_available(torch):
+        if mps_available(torch):
             return "torch", "mps", "torch sees an Apple MPS GPU"
         return "numpy", None, "torch sees no GPU"
     return "numpy", None, f"no accelerator library installed ({GPU_EXTRA} for CUDA/MPS, {COREML_EXTRA} on macOS)"
-
-
-def _check_pixels(pixels: np.ndarray) -> np.ndarray:
-    if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[0] != 3:
-        raise ValueError(f"pixels must be a float array [3, H, W], got {getattr(pixels, 'shape', type(pixels))}")
-    return np.ascontiguousarray(pixels, dtype=np.float32)
 
 
 __all__ = ["BACKENDS", "DTYPES", "BackendUnavailable", "NumpyVisionBackend", "VisionBackend",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import COREML_EXTRA, BackendUnavailable, _check_pixels, has_module, require_torch
+from .common import COREML_EXTRA, BackendUnavailable, check_pixels, has_module, require_torch
 from .buckets import GRANULE, bucket_grid, max_grid_side, merged_rows, pad_pixels, patch_mask
 
 FORMAT = "v1"  # bump when the traced module changes: old packages are then ignored
@@ -213,7 +213,7 @@ class CoreMLVisionBackend:
         return np.asarray(out[OUTPUT], dtype=np.float32)
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
-        px = _check_pixels(pixels)
+        px = check_pixels(pixels)
         p = self.patch
         if px.shape[1] % p or px.shape[2] % p or not px.shape[1] or not px.shape[2]:
             raise ValueError(f"pixels must be [3, H, W] with H, W positive multiples of {p}, got {list(px.shape)}")

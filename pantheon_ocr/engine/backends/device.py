@@ -20,12 +20,12 @@ why, on hardware where the CPU path is already memory-bound at M=B, the switches
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
+from dataclasses import fields, replace
 
 import numpy as np
 
 from ..weights import Weight
-from . import require_torch, resolve_device
+from .common import require_torch, resolve_device
 
 
 class DeviceWeight:
@@ -85,7 +85,7 @@ def mirror_decoder(decoder, device: str, *, output: bool, uploads: dict | None =
         return v
 
     twin = copy.copy(decoder)
-    twin.layers = [SimpleNamespace(**{k: mirror(v) for k, v in vars(layer).items()}) for layer in decoder.layers]
+    twin.layers = [replace(layer, **{f.name: mirror(getattr(layer, f.name)) for f in fields(layer)}) for layer in decoder.layers]
     if output:
         twin.output = mirror(decoder.output)
     return twin

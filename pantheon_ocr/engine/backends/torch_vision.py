@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import rope_angles_2d
-from . import _check_pixels
+from .common import check_pixels
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MASK_NEG = -30000.0  # additive attention bias for masked keys: exp() underflows to 0, fits float16
@@ -80,13 +80,13 @@ class _Layer(nn.Module):
         self.register_buffer("ln1", _t(layer.ln1, torch.float32))
         self.register_buffer("ln2", _t(layer.ln2, torch.float32))
         un = lambda a: None if a is None else unpermute_qk(a, n_head)  # noqa: E731
-        self.wq = _Matrix(un(layer.wq.dense()), un(layer.bq), dtype)
-        self.wk = _Matrix(un(layer.wk.dense()), un(layer.bk), dtype)
-        self.wv = _Matrix(layer.wv.dense(), layer.bv, dtype)
-        self.wo = _Matrix(layer.wo.dense(), layer.bo, dtype)
-        self.gate = _Matrix(layer.gate.dense(), layer.b_gate, dtype)
-        self.up = _Matrix(layer.up.dense(), layer.b_up, dtype)
-        self.down = _Matrix(layer.down.dense(), layer.b_down, dtype)
+        self.wq = _Matrix(un(layer.attn_q.dense()), un(layer.attn_q_bias), dtype)
+        self.wk = _Matrix(un(layer.attn_k.dense()), un(layer.attn_k_bias), dtype)
+        self.wv = _Matrix(layer.attn_v.dense(), layer.attn_v_bias, dtype)
+        self.wo = _Matrix(layer.attn_out.dense(), layer.attn_out_bias, dtype)
+        self.gate = _Matrix(layer.ffn_gate.dense(), layer.ffn_gate_bias, dtype)
+        self.up = _Matrix(layer.ffn_up.dense(), layer.ffn_up_bias, dtype)
+        self.down = _Matrix(layer.ffn_down.dense(), layer.ffn_down_bias, dtype)
 
 
 class LightOnOCRVision(nn.Module):
@@ -193,7 +193,7 @@ class TorchVisionBackend:
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:
-        px = _check_pixels(pixels)
+        px = check_pixels(pixels)
         p = self.module.patch
         if px.shape[1] % p or px.shape[2] % p or not px.shape[1] or not px.shape[2]:
             raise ValueError(f"pixels must be [3, H, W] with H, W positive multiples of {p}, got {list(px.shape)}")

@@ -3,27 +3,25 @@
     image -> preprocess [3, H, W] -> PixtralVision [N, D] -> projector [M, n_embd]
           -> prompt with M <|image_pad|> ids whose embedding rows are overridden -> decoder.
 
-Hugging Face transformers is the reference (spec/lightonocr.md): projector RMSNorm uses the TEXT
-eps, exact erf GELU, the chat layout has no wrapper tokens around the image and positions are
-plain 0..T-1.
+Hugging Face transformers is the reference: the projector's RMSNorm uses the TEXT eps, GELU is
+the exact erf one, the chat layout has no wrapper tokens around the image and positions are
+plain 0..T-1. The page API over this model (sampling, stopping, batching) is page_engine.OCREngine.
 """
 
 from __future__ import annotations
 
-import copy
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from ...errors import ModelError
 from ..gguf import GGUFFile, meta, open_gguf
-from ..attention import flash_attention
 from ..ops import add_bias, gelu_erf, rmsnorm
 from ..preprocess import ImageSource, preprocess
+from ..text_model import TextModel
 from ..weights import Storage, WeightLoader
-from .pixtral import PixtralVision, VisionConfig, _keep, vision_config
+from .pixtral import PixtralVision, VisionConfig, keep, vision_config
 
 IMAGE_TOKEN = "<|image_pad|>"
 # The prompt, as vocabulary pieces (byte-level BPE spelling: "Ċ" is "\n"); None marks the image run.
@@ -62,15 +60,15 @@ class Projector:
         """Vision features [N, D] on a (h, w) patch grid -> image token embeddings [M, n_embd]."""
         h, w = grid
         x = rmsnorm(x, self.norm, self.eps)  # [N, D]
-        _keep(capture, "proj_norm", x)
+        keep(capture, "proj_norm", x)
         x = merge_patches(x, h, w, self.merge)  # [M, D*s*s]
-        _keep(capture, "merger_in", x)
+        keep(capture, "merger_in", x)
         x = self.merger.matmul(x)  # [M, D]
-        _keep(capture, "merger_out", x)
+        keep(capture, "merger_out", x)
         x = add_bias(self.linear_1.matmul(x), self.bias_1)  # [M, n_embd]
-        _keep(capture, "proj_linear_1", x)
+        keep(capture, "proj_linear_1", x)
         x = add_bias(self.linear_2.matmul(gelu_erf(x)), self.bias_2)  # [M, n_embd]
-        _keep(capture, "image_features", x)
+        keep(capture, "image_features", x)
         return x
 
 
@@ -82,8 +80,6 @@ class LightOnOCR:
     """
 
     def __init__(self, model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized"):
-        from .. import TextModel
-
         self.mmproj: GGUFFile = open_gguf(mmproj_path)
         self.vision_config = vision_config(self.mmproj)
         try:
@@ -139,7 +135,7 @@ class LightOnOCR:
     def encode_image(self, image, capture: dict | None = None) -> np.ndarray:
         """Image or pixels [3, H, W] float -> image token embeddings [M, n_embd] float32."""
         pixels = image if _is_pixels(image) else self.preprocess(image)
-        _keep(capture, "pixel_values", pixels)
+        keep(capture, "pixel_values", pixels)
         x, grid = self.vision.forward(pixels, capture)  # [N, D], (h, w)
         return self.projector.forward(x, grid, capture)  # [M, n_embd]
 
@@ -148,7 +144,7 @@ class LightOnOCR:
         s = self.vision_config.patch_size * self.vision_config.merge
         return (height // s) * (width // s)
 
-    # -- prompt and decoding -----------------------------------------------------------------
+    # -- prompt and text ---------------------------------------------------------------------
     def prompt_ids(self, n_image_tokens: int) -> list[int]:
         """`<|im_start|>system<|im_end|>\\n<|im_start|>user\\n` + <|image_pad|> x M +
         `<|im_end|>\\n<|im_start|>assistant\\n` as token ids."""
@@ -162,76 +158,6 @@ class LightOnOCR:
                 ids.append(self._piece_id(piece))
         return ids
 
-    def prefill(self, features: np.ndarray, all_logits: bool = False, state=None):
-        """Run the prompt for image features [M, n_embd]; image rows are embedding-row overrides.
-        Returns (state, logits [T or 1, n_vocab])."""
-        ids, rows = self.prompt_and_rows(features)
-        state = state if state is not None else self.decoder.new_state()
-        logits = self.decoder.forward(state, ids, embd_rows=rows, all_logits=all_logits)
-        return state, logits
-
-    def stream(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int | None = None, stop: bool = True, *, features: np.ndarray | None = None) -> Iterator[int]:
-        """New token ids for one image (greedy by default); the stop id, if reached, is yielded.
-        `features` [M, n_embd] from encode_image skips the vision stage (image is then ignored)."""
-        from ..generate import generate_tokens
-        from ..sampling import Sampler, SamplingParams
-
-        sampler = Sampler(SamplingParams(temperature, top_p, seed))  # checks the parameters first
-        if features is None:
-            features = self.encode_image(image)
-        ids, rows = self.prompt_and_rows(features)
-        return generate_tokens(self.decoder, ids, max_new_tokens, sampler, self.stop_ids if stop else (),
-                               embd_rows=rows)
-
-    def generate(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: bool = True, *, features: np.ndarray | None = None) -> list[int]:
-        return list(self.stream(image, max_new_tokens, temperature, top_p, seed, stop, features=features))
-
-    def transcribe(self, image, max_new_tokens: int = 4096, temperature: float = 0.0, top_p: float = 1.0,
-                   seed: int | None = None, *, features: np.ndarray | None = None) -> str:
-        """The page's text (Markdown) for one image; generation ends at an end-of-generation id."""
-        ids = self.generate(image, max_new_tokens, temperature, top_p, seed, stop=True, features=features)
-        return self.decode(ids)
-
-    def decode(self, ids) -> str:
-        """Token ids -> text; control tokens (e.g. <|im_end|>) are left out."""
-        return self.tokenizer.decode([int(i) for i in ids], skip_special=True)
-
-    # -- reference dump ----------------------------------------------------------------------
-    def stage_dump(self, image) -> dict[str, np.ndarray]:
-        """Every intermediate, named like the fixture's ref_*.npz: pixel_values, vision_*,
-        proj_*, merger_*, image_features, input_ids, inputs_embeds, text_layer_i,
-        text_final_norm, logits_last. (Full-vocab logits per position are left to the caller:
-        `decoder.logits_of(out['text_hidden'][rows])`.)"""
-        out: dict[str, np.ndarray] = {}
-        features = self.encode_image(image, capture=out)
-        ids, rows = self.prompt_and_rows(features)
-        dec, c = self.decoder, self.config
-        out["input_ids"] = np.asarray(ids, dtype=np.int64)
-        x = dec.embed(ids, rows)  # [T, n_embd]
-        out["inputs_embeds"] = x
-        # One layer at a time through the decoder's own run_layers (on a shallow copy holding
-        # that single layer), with plain causal attention over the prompt: no KV cache needed.
-        pos = np.arange(len(ids))
-        scale = c.head_dim ** -0.5
-
-        def attend(q, k, v):  # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
-            a = flash_attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2), pos, pos,
-                                scale=scale, causal=True, window=c.sliding_window)
-            return a.transpose(1, 0, 2)
-
-        single = copy.copy(dec)
-        for i, layer in enumerate(dec.layers):
-            single.layers = [layer]
-            x = single.run_layers(x, pos, lambda _i, q, k, v: attend(q, k, v))  # [T, n_embd]
-            out[f"text_layer_{i}"] = x
-        out["text_hidden"] = x
-        out["text_final_norm"] = rmsnorm(x, dec.output_norm, c.eps)
-        out["logits_last"] = dec.logits_of(x[-1:])[0]
-        return out
-
-    # -- helpers -----------------------------------------------------------------------------
     def prompt_and_rows(self, features: np.ndarray):
         """Prompt ids for image features [M, n_embd] and the (image row indices, features)
         embedding-row overrides that go with them."""
@@ -242,6 +168,11 @@ class LightOnOCR:
         idx = np.flatnonzero(np.asarray(ids) == self.image_token_id)  # [M] image rows, in order
         return ids, (idx, features)
 
+    def decode(self, ids) -> str:
+        """Token ids -> text; control tokens (e.g. <|im_end|>) are left out."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special=True)
+
+    # -- helpers -----------------------------------------------------------------------------
     def _piece_id(self, piece: str) -> int:
         """A vocabulary entry's id through the tokenizer; if the tokenizer cannot be built (e.g.
         an unknown pre-tokenizer), straight from the GGUF token list, which is the same table."""

@@ -7,34 +7,50 @@ may be fewer than the head dim (partial rotary); the config already says so.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
-from ..weights import WeightLoader
+import numpy as np
+
 from ..ops import add_bias, swiglu
+from ..weights import Weight, WeightLoader
 from .llama import Decoder
 
 
+@dataclass(frozen=True)
+class Phi3Layer:
+    """One block's tensors, named as in the GGUF file; qd = n_head * head_dim, kvd = n_head_kv * head_dim."""
+
+    attn_norm: np.ndarray  # [n_embd]
+    attn_qkv: Weight  # [qd + 2 * kvd, n_embd]: Q rows, then K, then V
+    attn_qkv_bias: np.ndarray | None  # [qd + 2 * kvd]
+    attn_output: Weight  # [n_embd, qd]
+    attn_output_bias: np.ndarray | None  # [n_embd]
+    ffn_norm: np.ndarray  # [n_embd]
+    ffn_up: Weight  # [2 * n_ff, n_embd]: gate rows, then up rows
+    ffn_down: Weight  # [n_embd, n_ff]
+
+
 class Phi3Decoder(Decoder):
-    def _load_layer(self, w: WeightLoader, i: int) -> SimpleNamespace:
+    def load_layer(self, w: WeightLoader, i: int) -> Phi3Layer:
         c, p = self.cfg, f"blk.{i}."
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        return SimpleNamespace(
+        return Phi3Layer(
             attn_norm=w.tensor(p + "attn_norm.weight", (c.n_embd,)),
-            wqkv=w.matrix(p + "attn_qkv.weight", (qd + 2 * kvd, c.n_embd)),
-            bqkv=w.optional_tensor(p + "attn_qkv.bias", (qd + 2 * kvd,)),
-            wo=w.matrix(p + "attn_output.weight", (c.n_embd, qd)),
-            bo=w.optional_tensor(p + "attn_output.bias", (c.n_embd,)),
+            attn_qkv=w.matrix(p + "attn_qkv.weight", (qd + 2 * kvd, c.n_embd)),
+            attn_qkv_bias=w.optional_tensor(p + "attn_qkv.bias", (qd + 2 * kvd,)),
+            attn_output=w.matrix(p + "attn_output.weight", (c.n_embd, qd)),
+            attn_output_bias=w.optional_tensor(p + "attn_output.bias", (c.n_embd,)),
             ffn_norm=w.tensor(p + "ffn_norm.weight", (c.n_embd,)),
-            gate_up=w.matrix(p + "ffn_up.weight", (2 * c.n_ff, c.n_embd)),
-            down=w.matrix(p + "ffn_down.weight", (c.n_embd, c.n_ff)),
+            ffn_up=w.matrix(p + "ffn_up.weight", (2 * c.n_ff, c.n_embd)),
+            ffn_down=w.matrix(p + "ffn_down.weight", (c.n_embd, c.n_ff)),
         )
 
-    def _qkv(self, layer, h):
+    def qkv(self, layer: Phi3Layer, h: np.ndarray):
         c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        qkv = add_bias(layer.wqkv.matmul(h), layer.bqkv)  # [T, qd + 2*kvd]
+        qkv = add_bias(layer.attn_qkv.matmul(h), layer.attn_qkv_bias)  # [N, qd + 2*kvd]
         return qkv[:, :qd], qkv[:, qd : qd + kvd], qkv[:, qd + kvd :]
 
-    def _ffn(self, layer, h):
-        gu = layer.gate_up.matmul(h)  # [T, 2*n_ff]
-        return layer.down.matmul(swiglu(gu[:, : self.cfg.n_ff], gu[:, self.cfg.n_ff :]))
+    def ffn(self, layer: Phi3Layer, h: np.ndarray) -> np.ndarray:
+        gu = layer.ffn_up.matmul(h)  # [N, 2*n_ff]
+        return layer.ffn_down.matmul(swiglu(gu[:, : self.cfg.n_ff], gu[:, self.cfg.n_ff :]))

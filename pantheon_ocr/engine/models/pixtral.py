@@ -12,7 +12,6 @@ converter permuted the Q/K rows so that HF's split-half RoPE pairs (i, i + d/2) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -103,6 +102,29 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
     return cfg
 
 
+@dataclass(frozen=True)
+class PixtralLayer:
+    """One vision block's tensors, named as in the GGUF file (`v.blk.N.<name>.weight`, `<name>_bias`
+    for `v.blk.N.<name>.bias`; the released models have no biases). D = n_embd, ff = n_ff."""
+
+    ln1: np.ndarray  # [D] attention RMSNorm
+    attn_q: Weight  # [D, D], rows permuted for adjacent-pair RoPE
+    attn_k: Weight  # [D, D], rows permuted likewise
+    attn_v: Weight  # [D, D]
+    attn_out: Weight  # [D, D]
+    attn_q_bias: np.ndarray | None  # [D]
+    attn_k_bias: np.ndarray | None  # [D]
+    attn_v_bias: np.ndarray | None  # [D]
+    attn_out_bias: np.ndarray | None  # [D]
+    ln2: np.ndarray  # [D] FFN RMSNorm
+    ffn_gate: Weight  # [ff, D]
+    ffn_up: Weight  # [ff, D]
+    ffn_down: Weight  # [D, ff]
+    ffn_gate_bias: np.ndarray | None  # [ff]
+    ffn_up_bias: np.ndarray | None  # [ff]
+    ffn_down_bias: np.ndarray | None  # [D]
+
+
 def conv_weight(w: WeightLoader, name: str, shape: tuple[int, ...]) -> Weight:
     """A conv kernel [out, c, kh, kw] as one Weight [out, c*kh*kw] (input flattened (c, dy, dx))."""
     info = w.gf.tensors.get(name)
@@ -130,29 +152,29 @@ class PixtralVision:
         self.patch_embd = conv_weight(w, "v.patch_embd.weight", (c.n_embd, 3, p, p))
         self.patch_bias = w.optional_tensor("v.patch_embd.bias", (c.n_embd,))
         self.pre_ln = w.tensor("v.pre_ln.weight", (c.n_embd,))
-        self.layers = [self._load_layer(w, i) for i in range(c.n_layer)]
+        self.layers = [self.load_layer(w, i) for i in range(c.n_layer)]
         self.blocked = True  # False: naive attention (tests, tiny images)
 
-    def _load_layer(self, w: WeightLoader, i: int) -> SimpleNamespace:
+    def load_layer(self, w: WeightLoader, i: int) -> PixtralLayer:
         c, p = self.cfg, f"v.blk.{i}."
         d, ff = c.n_embd, c.n_ff
-        return SimpleNamespace(
+        return PixtralLayer(
             ln1=w.tensor(p + "ln1.weight", (d,)),
-            wq=w.matrix(p + "attn_q.weight", (d, d)),
-            wk=w.matrix(p + "attn_k.weight", (d, d)),
-            wv=w.matrix(p + "attn_v.weight", (d, d)),
-            wo=w.matrix(p + "attn_out.weight", (d, d)),
-            bq=w.optional_tensor(p + "attn_q.bias", (d,)),
-            bk=w.optional_tensor(p + "attn_k.bias", (d,)),
-            bv=w.optional_tensor(p + "attn_v.bias", (d,)),
-            bo=w.optional_tensor(p + "attn_out.bias", (d,)),
+            attn_q=w.matrix(p + "attn_q.weight", (d, d)),
+            attn_k=w.matrix(p + "attn_k.weight", (d, d)),
+            attn_v=w.matrix(p + "attn_v.weight", (d, d)),
+            attn_out=w.matrix(p + "attn_out.weight", (d, d)),
+            attn_q_bias=w.optional_tensor(p + "attn_q.bias", (d,)),
+            attn_k_bias=w.optional_tensor(p + "attn_k.bias", (d,)),
+            attn_v_bias=w.optional_tensor(p + "attn_v.bias", (d,)),
+            attn_out_bias=w.optional_tensor(p + "attn_out.bias", (d,)),
             ln2=w.tensor(p + "ln2.weight", (d,)),
-            gate=w.matrix(p + "ffn_gate.weight", (ff, d)),
-            up=w.matrix(p + "ffn_up.weight", (ff, d)),
-            down=w.matrix(p + "ffn_down.weight", (d, ff)),
-            b_gate=w.optional_tensor(p + "ffn_gate.bias", (ff,)),
-            b_up=w.optional_tensor(p + "ffn_up.bias", (ff,)),
-            b_down=w.optional_tensor(p + "ffn_down.bias", (d,)),
+            ffn_gate=w.matrix(p + "ffn_gate.weight", (ff, d)),
+            ffn_up=w.matrix(p + "ffn_up.weight", (ff, d)),
+            ffn_down=w.matrix(p + "ffn_down.weight", (d, ff)),
+            ffn_gate_bias=w.optional_tensor(p + "ffn_gate.bias", (ff,)),
+            ffn_up_bias=w.optional_tensor(p + "ffn_up.bias", (ff,)),
+            ffn_down_bias=w.optional_tensor(p + "ffn_down.bias", (d,)),
         )
 
     # -- forward -----------------------------------------------------------------------------
@@ -167,32 +189,32 @@ class PixtralVision:
         x = pixels.reshape(3, h, p, w, p)  # [3, h, p, w, p]
         x = x.transpose(1, 3, 0, 2, 4).reshape(h * w, 3 * p * p)  # [N, 3*p*p] in (channel, dy, dx) order
         x = add_bias(self.patch_embd.matmul(np.ascontiguousarray(x, dtype=np.float32)), self.patch_bias)  # [N, D]
-        _keep(capture, "vision_patch_embeds", x)
+        keep(capture, "vision_patch_embeds", x)
         x = rmsnorm(x, self.pre_ln, c.eps)  # [N, D]
-        _keep(capture, "vision_ln_pre", x)
+        keep(capture, "vision_ln_pre", x)
         rows, cols = np.divmod(np.arange(h * w), w)  # [N] each: patch (row, col)
         cos, sin = rope_angles_2d(rows, cols, c.head_dim, c.rope_base)  # [N, head_dim/2] each
         for i, layer in enumerate(self.layers):
-            x = self._layer(layer, x, cos, sin)  # [N, D]
-            _keep(capture, f"vision_layer_{i}", x)
+            x = self.block(layer, x, cos, sin)  # [N, D]
+            keep(capture, f"vision_layer_{i}", x)
         return x, (h, w)
 
-    def _layer(self, layer, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def block(self, layer: PixtralLayer, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         c = self.cfg
         n = x.shape[0]
         hn = rmsnorm(x, layer.ln1, c.eps)  # [N, D]
-        q = add_bias(layer.wq.matmul(hn), layer.bq).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
-        k = add_bias(layer.wk.matmul(hn), layer.bk).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
-        v = add_bias(layer.wv.matmul(hn), layer.bv).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        q = add_bias(layer.attn_q.matmul(hn), layer.attn_q_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        k = add_bias(layer.attn_k.matmul(hn), layer.attn_k_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
+        v = add_bias(layer.attn_v.matmul(hn), layer.attn_v_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
         q = apply_rope(q, cos, sin, neox=False)  # [N, H, d] adjacent pairs (permuted GGUF rows)
         k = apply_rope(k, cos, sin, neox=False)  # [N, H, d]
         a = self.attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [H, N, d]
         a = a.transpose(1, 0, 2).reshape(n, c.n_embd)  # [N, D]
-        x = x + add_bias(layer.wo.matmul(a), layer.bo)  # [N, D]
+        x = x + add_bias(layer.attn_out.matmul(a), layer.attn_out_bias)  # [N, D]
         hn = rmsnorm(x, layer.ln2, c.eps)  # [N, D]
-        g = add_bias(layer.gate.matmul(hn), layer.b_gate)  # [N, ff]
-        u = add_bias(layer.up.matmul(hn), layer.b_up)  # [N, ff]
-        return x + add_bias(layer.down.matmul(swiglu(g, u)), layer.b_down)  # [N, D]
+        g = add_bias(layer.ffn_gate.matmul(hn), layer.ffn_gate_bias)  # [N, ff]
+        u = add_bias(layer.ffn_up.matmul(hn), layer.ffn_up_bias)  # [N, ff]
+        return x + add_bias(layer.ffn_down.matmul(swiglu(g, u)), layer.ffn_down_bias)  # [N, D]
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Non-causal attention of one image's patches: q, k, v [H, N, d] -> [H, N, d]."""
@@ -204,7 +226,8 @@ class PixtralVision:
         return naive_attention(q, k, v, pos, pos, scale=scale, causal=False)
 
 
-
-def _keep(capture: dict | None, name: str, x: np.ndarray) -> None:
+def keep(capture: dict | None, name: str, x: np.ndarray) -> None:
+    """Record an intermediate stage in `capture` (a dict the caller passes to see inside the
+    tower: tests compare every stage with the reference)."""
     if capture is not None:
         capture[name] = x

@@ -1,0 +1,88 @@
+"""What the vision backends and GPU switches need from the machine: whether an extra is installed,
+torch (imported once, quietly), a torch device that works here, and the one-line error when not.
+
+Imported by the backends package and by each backend module (never the other way round)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+from ...errors import UsageError
+
+GPU_EXTRA = "pip install 'pantheon-ocr[gpu]'"
+COREML_EXTRA = "pip install 'pantheon-ocr[coreml]'"
+
+
+class BackendUnavailable(UsageError):
+    """The chosen backend or device cannot run here; the message says what to install or pick."""
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_torch():
+    """torch, or BackendUnavailable saying to install the gpu extra.
+
+    Before torch's first import this sets OMP_WAIT_POLICY=PASSIVE unless the user set it: torch's
+    OpenMP workers otherwise spin after every op and steal the cores that numpy's BLAS needs in the
+    other pipeline stage (measured here: --gpu-decode on device cpu 30x slower at B=4, the numpy
+    CPU stage 7x slower after torch vision calls)."""
+    if not has_module("torch"):
+        raise BackendUnavailable(f"this needs torch, which is not installed: {GPU_EXTRA}")
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - a broken install is still one line
+        raise BackendUnavailable(f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); "
+                                 f"reinstall it with {GPU_EXTRA}") from exc
+    return torch
+
+
+def resolve_device(device: str | None) -> str:
+    """A torch device string that works here: None -> cuda, else mps, else cpu. An explicit device
+    that torch cannot use raises BackendUnavailable naming what is missing."""
+    torch = require_torch()
+    if device is None:
+        if torch.cuda.is_available():
+            return "cuda"
+        if mps_available(torch):
+            return "mps"
+        return "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise BackendUnavailable(f"--device {device!r} is not a torch device (use cpu, cuda, cuda:N or mps)") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise BackendUnavailable(f"--device {device}: {why} (torch {torch.__version__}); install a CUDA build "
+                                     f"of torch on a machine with an NVIDIA GPU, or use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BackendUnavailable(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type == "mps":
+        if not mps_available(torch):
+            raise BackendUnavailable(f"--device {device}: the Apple MPS backend is not available here "
+                                     "(it needs macOS on Apple silicon); use --device cpu")
+    elif dev.type != "cpu":
+        raise BackendUnavailable(f"--device {device}: unsupported device type {dev.type!r} (use cpu, cuda or mps)")
+    return str(dev)
+
+
+def mps_available(torch) -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def check_pixels(pixels: np.ndarray) -> np.ndarray:
+    if not isinstance(pixels, np.ndarray) or pixels.ndim != 3 or pixels.shape[0] != 3:
+        raise ValueError(f"pixels must be a float array [3, H, W], got {getattr(pixels, 'shape', type(pixels))}")
+    return np.ascontiguousarray(pixels, dtype=np.float32)

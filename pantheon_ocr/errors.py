@@ -15,6 +15,17 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+def run_exit_code(interrupted: bool, failed: bool, wrote: bool) -> ExitCode:
+    """The exit code of a run over many pages (transcribe, an archive job): 130 when interrupted,
+    0 when nothing failed, 1 when something failed but something was written, 4 when everything
+    attempted failed (nothing readable)."""
+    if interrupted:
+        return ExitCode.INTERRUPTED
+    if not failed:
+        return ExitCode.OK
+    return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
+
+
 class PantheonError(Exception):
     """Base class: every error the library raises on purpose carries its exit code."""
 

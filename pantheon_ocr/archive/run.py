@@ -1,17 +1,16 @@
 """Nightly archive jobs: run a job file to completion across any number of stops.
 
     run_job(spec, engine_factory)     lock -> plan -> rounds of pages -> report -> unlock
-    job_status(spec)                  what the state file says (no lock, no model)
 
-Plan: every input document is stat'ed; size+mtime unchanged means unchanged (the sha256 is
-only recomputed when they differ, or always with `rehash = true`); a new or changed document
-has its pages counted in a crash-proof worker and gets fresh `pages` rows.
+Plan (plan.py): every input document is stat'ed; size+mtime unchanged means unchanged (the
+sha256 is only recomputed when they differ, or always with `rehash = true`); a new or changed
+document has its pages counted in a crash-proof worker and gets fresh `pages` rows.
 Rounds: all pending pages of the current documents go to an executor (local pipeline or Ray)
 as explicit PageTasks, each with the sampling for its next attempt. Each result is committed
-on arrival (jobs_state explains why that survives kill -9); a page that looped or failed goes
+on arrival (state.py explains why that survives kill -9); a page that looped or failed goes
 back to pending with attempts+1, so the next round retries it hotter, until retry.attempts.
 Write: when a document has no pending page left, its outputs are assembled from the texts in
-SQLite and written atomically (outputs.write_document), then the document is marked done.
+the state and written atomically (outputs.write_document), then the document is marked done.
 A stop between any two of these steps is repaired by the next run: finished documents whose
 files are missing are assembled again, temp files left by a killed write are removed.
 """
@@ -20,21 +19,22 @@ from __future__ import annotations
 
 import re
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
 from ..engine.loader import EngineOptions, resolve_model
-from ..errors import ExitCode, JobError, ModelError, PantheonError
-from .plan import PlanMixin
-from .spec import JobSpec, load_job
-from .state import STAGE_COLUMNS, Heartbeat, Txn, acquire, finish_run, job_status, open_state, release
+from ..errors import ExitCode, JobError, ModelError, PantheonError, run_exit_code
+from ..pipeline.inputs import Document
 from ..pipeline.outputs import OutputPaths, write_document
 from ..pipeline.types import STAGES, PageResult, PageTask, PipelineOptions, Progress
-from ..pipeline.inputs import Document
+from .lock import Heartbeat, acquire
+from .plan import Planner
+from .report import RunLog, build_summary, write_reports
+from .spec import JobSpec, load_job
+from .state import JobState
 
-__all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "job_status", "load_job", "model_engine_factory", "run_job"]
+__all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "load_job", "model_engine_factory", "run_job"]
 
 
 @dataclass(frozen=True)
@@ -104,43 +104,40 @@ def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, e
     return _JobRun(spec, executor, retry_failed, on_progress, log).execute()
 
 
-class _JobRun(PlanMixin):
-    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, log) -> None:
+class _JobRun:
+    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, say: Callable[[str], None]) -> None:
         self.spec, self.executor, self.retry_failed = spec, executor, retry_failed
-        self.on_progress, self.log = on_progress, log
+        self.on_progress, self.say = on_progress, say
         self.options = spec.pipeline_options()
-        self.pages_spec = spec.ocr["pages"] or "all"
+        self.log = RunLog()  # what this run did, for its report
         self.docs: dict[str, tuple[int, Document]] = {}  # doc_id -> (row id, document) of this run
-        self.events: Counter = Counter()  # documents: new, changed, unchanged, written, ...
-        self.failures: list[dict] = []  # final failures of this run
-        self.attempts: list[dict] = []  # every page attempt of this run, in order
-        self.notes: list[str] = []
-        self.t0 = time.time()
 
     # ------------------------------------------------------------------ the run
 
     def execute(self) -> JobResult:
-        from .report import build_summary, write_reports
-
-        self.db = open_state(self.spec.state)
+        self.state = JobState.open(self.spec.state)
         try:
-            self.run_id, stale = acquire(self.db, self.spec.lock["stale_after"], self.executor.name, self.spec.name)
+            self.run_id, stale = acquire(self.state, self.spec.lock["stale_after"], self.executor.name, self.spec.name)
         except BaseException:
-            self.db.close()
+            self.state.close()
             raise
         if stale is not None:  # printed with the run's summary, and in the report
-            self.notes.append(f"took over a stale lock ({stale.describe()})")
+            self.log.notes.append(f"took over a stale lock ({stale.describe()})")
         interval = min(15.0, max(0.2, self.spec.lock["stale_after"] / 4))
         self.heartbeat = Heartbeat(self.spec.state, self.run_id, interval)
         self.heartbeat.start()
         status, code, interrupted = "crashed", ExitCode.PAGES_FAILED, False
         try:
             try:
-                self._plan()
+                self.docs = Planner(self.spec, self.state, self.run_id, self.options, self.retry_failed, self.log).plan()
+                for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
+                    self._assemble(row_id, only_if_needed=True)
                 self._rounds()
             except KeyboardInterrupt:
                 interrupted = True
-            status, code = ("interrupted" if interrupted else "finished"), self._exit_code(interrupted)
+            wrote = self.log.events["written"] + self.log.events["partial"] > 0 or any(
+                a["outcome"] == "done" for a in self.log.attempts)
+            status, code = ("interrupted" if interrupted else "finished"), run_exit_code(interrupted, bool(self.log.failures), wrote)
         except PantheonError as e:
             code = e.exit_code
             raise
@@ -149,37 +146,24 @@ class _JobRun(PlanMixin):
             try:
                 self.executor.close()
             finally:
-                self.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.notes]
-                summary = build_summary(self, status, code)
+                self.log.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.log.notes]
+                summary = build_summary(self.spec, self.run_id, self.executor.name, self.log, self.state.counts(), status, code)
                 paths = (None, None)
                 try:
                     paths = write_reports(summary, self.spec.reports, self.run_id)
                 except OSError as e:
-                    self.log(f"warning: cannot write the report: {e}")
-                finish_run(self.db, self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths))
-                release(self.db, self.run_id)
-                self.db.close()
+                    self.say(f"warning: cannot write the report: {e}")
+                self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths))
+                self.state.release(self.run_id)
+                self.state.close()
         return JobResult(self.run_id, code, summary, *paths)
-
-    def _exit_code(self, interrupted: bool) -> ExitCode:
-        if interrupted:
-            return ExitCode.INTERRUPTED
-        if not self.failures:
-            return ExitCode.OK
-        wrote = self.events["written"] + self.events["partial"] > 0 or any(a["outcome"] == "done" for a in self.attempts)
-        return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
-
-    def _fail(self, path: str, page: int | None, reason: str, attempts: int = 0) -> None:
-        self.failures.append({"path": path, "page": page, "reason": reason, "attempts": attempts})
 
     # ------------------------------------------------------------------ rounds
 
     def _rounds(self) -> None:
         by_row = {row_id: doc for row_id, doc in self.docs.values()}
         while True:
-            pending = [r for r in self.db.execute("SELECT p.doc, p.page, p.attempts, d.n_pages FROM pages p JOIN documents d "
-                                                  "ON d.id = p.doc WHERE p.status='pending' ORDER BY d.path, p.page")
-                       if r["doc"] in by_row]
+            pending = [r for r in self.state.pending_pages() if r["doc"] in by_row]
             if not pending:
                 return
             tasks, self.expect = [], {}
@@ -189,15 +173,15 @@ class _JobRun(PlanMixin):
                 doc = by_row[r["doc"]]
                 tasks.append(PageTask(doc, r["page"] - 1, r["n_pages"], sampling=sampling))
                 self.expect[(doc.doc_id, r["page"])] = (r["doc"], attempt, sampling)
-            n_before = len(self.attempts)
-            self.log(f"{len(tasks)} page(s) to run" + ("" if n_before == 0 else " (retries)"))
+            n_before = len(self.log.attempts)
+            self.say(f"{len(tasks)} page(s) to run" + ("" if n_before == 0 else " (retries)"))
             if self.executor.run(tasks, self.options, self._record, self.on_progress):
                 raise KeyboardInterrupt
-            if len(self.attempts) == n_before:  # nothing came back: do not loop forever
+            if len(self.log.attempts) == n_before:  # nothing came back: do not loop forever
                 raise JobError("the executor returned no page results")
 
     def _record(self, result: PageResult) -> None:
-        """One page result -> SQLite (conditional on the attempt we sent), then the document's
+        """One page result -> the state (conditional on the attempt we sent), then the document's
         outputs if that was its last pending page. Called in the main thread as pages finish."""
         if self.heartbeat.lost.is_set():
             raise JobError("another run took over this job's lock (this run was stalled past lock.stale_after); stopping")
@@ -219,29 +203,16 @@ class _JobRun(PlanMixin):
             ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
         now = time.time()
         secs = [result.seconds.get(s, 0.0) for s in STAGES]
-        with Txn(self.db) as db:
-            n = db.execute(
-                "UPDATE pages SET status=?, attempts=?, text=?, n_tokens=?, finish_reason=?, error=?, "
-                + ", ".join(f"{STAGE_COLUMNS[s]}=?" for s in STAGES)
-                + ", temperature=?, seed=?, run=?, finished_at=? WHERE doc=? AND page=? AND status='pending' AND attempts=?",
-                ("pending" if outcome == "retry" else outcome, attempt, result.text, result.n_tokens, result.finish_reason,
-                 error if outcome == "failed" else result.error, *secs, sampling.temperature, sampling.seed, self.run_id, now,
-                 row_id, result.page, attempt - 1),
-            ).rowcount
-            if n == 0:
-                return  # already recorded (cannot happen with one lock holder; never write twice)
-            version = db.execute("SELECT version FROM documents WHERE id=?", (row_id,)).fetchone()[0]
-            db.execute("INSERT INTO attempts (run, doc, version, page, attempt, outcome, temperature, seed, n_tokens, finish_reason, "
-                       "error, render_s, vision_s, prefill_s, decode_s, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                       (self.run_id, row_id, version, result.page, attempt, outcome, sampling.temperature, sampling.seed,
-                        result.n_tokens, result.finish_reason, result.error, *secs, now))
-            left = db.execute("SELECT count(*) FROM pages WHERE doc=? AND status='pending'", (row_id,)).fetchone()[0]
-        self.attempts.append({"path": str(result.doc.path), "page": result.page, "attempt": attempt, "outcome": outcome,
-                              "temperature": sampling.temperature, "seed": sampling.seed, "n_tokens": result.n_tokens,
-                              "finish_reason": result.finish_reason, "error": result.error,
-                              "seconds": dict(zip(STAGES, secs)), "t": now - self.t0})
+        left = self.state.record_attempt(self.run_id, row_id, result.page, attempt, "pending" if outcome == "retry" else outcome,
+                                         result, error if outcome == "failed" else result.error, outcome, sampling, secs, now)
+        if left is None:
+            return  # already recorded (cannot happen with one lock holder; never write twice)
+        self.log.attempts.append({"path": str(result.doc.path), "page": result.page, "attempt": attempt, "outcome": outcome,
+                                  "temperature": sampling.temperature, "seed": sampling.seed, "n_tokens": result.n_tokens,
+                                  "finish_reason": result.finish_reason, "error": result.error,
+                                  "seconds": dict(zip(STAGES, secs)), "t": now - self.log.t0})
         if outcome == "failed":
-            self._fail(str(result.doc.path), result.page, error, attempt)
+            self.log.fail(str(result.doc.path), result.page, error, attempt)
         if left == 0:
             self._assemble(row_id)
 
@@ -250,9 +221,7 @@ class _JobRun(PlanMixin):
     def _assemble(self, row_id: int, only_if_needed: bool = False) -> None:
         """Write a document's outputs from its final pages, atomically, then mark it. With
         only_if_needed: only if an earlier run stopped before writing, or files went missing."""
-        db = self.db
-        row = db.execute("SELECT * FROM documents WHERE id=?", (row_id,)).fetchone()
-        pages = db.execute("SELECT * FROM pages WHERE doc=? ORDER BY page", (row_id,)).fetchall()
+        row, pages = self.state.document(row_id), self.state.pages(row_id)
         if not pages or any(p["status"] == "pending" for p in pages):
             return
         paths, formats = OutputPaths(Path(row["output"])), self.options.formats
@@ -261,14 +230,13 @@ class _JobRun(PlanMixin):
                 complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
                 if complete:
                     return
-                self.notes.append(f"{row['path']}: outputs missing, written again from the job state")
+                self.log.notes.append(f"{row['path']}: outputs missing, written again from the job state")
             elif row["status"] != "pending":
                 return
         doc = Document(Path(row["path"]), row["kind"], row["doc_id"], PurePath(row["rel"]))
         results = [
             PageResult(doc, p["page"], p["text"] or "", p["n_tokens"] or 0, p["finish_reason"] if p["status"] == "done" else None,
-                       p["error"] if p["status"] == "failed" else None,
-                       {s: p[STAGE_COLUMNS[s]] or 0.0 for s in STAGES})
+                       p["error"] if p["status"] == "failed" else None, self.state.seconds(p))
             for p in pages
         ]
         error = None
@@ -282,10 +250,9 @@ class _JobRun(PlanMixin):
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
                 status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
-                self._fail(row["path"], None, error)
-        with Txn(db):
-            db.execute("UPDATE documents SET status=?, error=?, updated_at=? WHERE id=?", (status, error, time.time(), row_id))
-        self.events[{"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status]] += 1
+                self.log.fail(row["path"], None, error)
+        self.state.set_document_status(row_id, status, error)
+        self.log.events[{"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status]] += 1
 
 
 def _remove_old_page_files(paths: OutputPaths, pages: set[int]) -> None:

@@ -1,5 +1,6 @@
 """An archive job's state: one SQLite file (WAL) with documents, pages, attempts, runs and
-the run lock.
+the run lock. This is the only module that knows the schema: every SQL statement of the
+archive is a method of `JobState`.
 
 Why SQLite: every page result is committed in its own transaction, so a `kill -9` at any
 moment loses at most the pages still in flight, and a page is recorded at most once (the
@@ -8,10 +9,8 @@ WAL lets `archive status` read while a run writes; synchronous=NORMAL is durable
 killed process (only an OS crash can lose the last commits, which are then simply redone).
 
 The lock is a row (pid, host, heartbeat) rather than a lock file: it lives and dies with the
-state it protects, is taken inside a write transaction (two starting runs cannot both win),
-and a thread refreshes the heartbeat. A lock is stale when its process is gone (same host)
-or its heartbeat is older than `stale_after` (any host, or a reused pid); a stale lock is
-taken over and the dead run is marked "killed".
+state it protects and is taken inside a write transaction (two starting runs cannot both win);
+lock.py decides when a lock is stale and keeps the heartbeat fresh.
 """
 
 from __future__ import annotations
@@ -20,13 +19,13 @@ import json
 import os
 import socket
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
-from ..errors import ExitCode, JobError
+from ..errors import JobError
+from ..pipeline.types import STAGES
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -34,14 +33,14 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
     id INTEGER PRIMARY KEY,
     path TEXT NOT NULL UNIQUE,       -- absolute path of the input
-    doc_id TEXT NOT NULL,            -- render.Document.doc_id
+    doc_id TEXT NOT NULL,            -- pipeline.inputs.Document.doc_id
     kind TEXT NOT NULL,
     rel TEXT NOT NULL,               -- path under its input folder; outputs mirror it
     output TEXT,                     -- output base (formats append .md, .jsonl, ...)
     sha256 TEXT, size INTEGER, mtime_ns INTEGER,
     n_pages INTEGER,                 -- pages in the file; NULL when it could not be opened
     pages_spec TEXT,                 -- the job's page selection the pages rows were made for
-    status TEXT NOT NULL,            -- pending | done | partial | failed
+    status TEXT NOT NULL,            -- pending | done | partial | failed | empty
     error TEXT,
     version INTEGER NOT NULL DEFAULT 1,  -- +1 each time the content changed
     seen_run INTEGER, updated_at REAL
@@ -78,13 +77,8 @@ CREATE TABLE IF NOT EXISTS lock (
 CREATE INDEX IF NOT EXISTS pages_pending ON pages (status, doc);
 """
 
-STAGE_COLUMNS = {"render": "render_s", "vision": "vision_s", "prefill": "prefill_s", "decode": "decode_s"}
-
-
-class JobLocked(JobError):
-    """Another run of the same job holds the lock."""
-
-    exit_code = ExitCode.JOB_LOCKED
+STAGE_COLUMNS = {s: f"{s}_s" for s in STAGES}  # pipeline stage -> its seconds column
+_SECONDS = ", ".join(STAGE_COLUMNS.values())
 
 
 def connect(path: Path, create: bool = True) -> sqlite3.Connection:
@@ -119,44 +113,6 @@ class Txn:
         self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
-def open_state(path: Path) -> sqlite3.Connection:
-    db = connect(path)
-    try:
-        db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); runs outside our transactions
-        with Txn(db):
-            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise JobError(f"{path}: job state has schema version {row[0]}, this pantheon-ocr reads {SCHEMA_VERSION}")
-    except sqlite3.DatabaseError as e:
-        db.close()
-        raise JobError(f"{path}: not a usable job state file: {e}") from None
-    return db
-
-
-# ------------------------------------------------------------------------------- lock
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (a zombie counts as dead)."""
-    if os.name == "nt":
-        return True  # os.kill would terminate it there: rely on the heartbeat's age instead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, belongs to someone else
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): kill(0) is all we know
-
-
 @dataclass
 class LockInfo:
     run: int
@@ -170,127 +126,192 @@ class LockInfo:
         return f"run {self.run}, pid {self.pid} on {self.host}, heartbeat {age:.0f} s ago"
 
 
-def read_lock(db: sqlite3.Connection) -> LockInfo | None:
-    row = db.execute("SELECT run, pid, host, acquired, heartbeat FROM lock WHERE id=1").fetchone()
-    return LockInfo(*row) if row else None
+class JobState:
+    """One connection to a job's state. Rows come back as sqlite3.Row (by column name)."""
 
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
 
-def lock_is_stale(lock: LockInfo, stale_after: float, now: float | None = None) -> bool:
-    now = time.time() if now is None else now
-    if now - lock.heartbeat > stale_after:
-        return True
-    return lock.host == socket.gethostname() and not pid_alive(lock.pid)
-
-
-def acquire(db: sqlite3.Connection, stale_after: float, executor: str, job_name: str) -> tuple[int, LockInfo | None]:
-    """Start a run: take the lock (or refuse with JobLocked) and insert the run row.
-    Returns (run id, the stale lock taken over or None)."""
-    host, pid, now = socket.gethostname(), os.getpid(), time.time()
-    with Txn(db):
-        held = read_lock(db)
-        if held is not None and not lock_is_stale(held, stale_after, now):
-            raise JobLocked(
-                f"job {job_name!r} is already running ({held.describe(now)}); "
-                f"wait for it to finish, or if that process is gone, the lock is taken over "
-                f"{stale_after:.0f} s after its last heartbeat"
-            )
-        if held is not None:
-            db.execute("UPDATE runs SET status='killed', finished=? WHERE id=? AND status='running'", (held.heartbeat, held.run))
-        run = db.execute(
-            "INSERT INTO runs (started, pid, host, executor, status) VALUES (?, ?, ?, ?, 'running')", (now, pid, host, executor)
-        ).lastrowid
-        db.execute("INSERT OR REPLACE INTO lock VALUES (1, ?, ?, ?, ?, ?)", (run, pid, host, now, now))
-        # A run row still 'running' without the lock was killed before it could say so.
-        db.execute("UPDATE runs SET status='killed' WHERE status='running' AND id<>?", (run,))
-    return run, held
-
-
-def release(db: sqlite3.Connection, run: int) -> None:
-    with Txn(db):
-        db.execute("DELETE FROM lock WHERE id=1 AND run=?", (run,))
-
-
-class Heartbeat(threading.Thread):
-    """Refreshes the lock's heartbeat every `interval` seconds on its own connection (SQLite
-    connections belong to one thread). `lost` is set if the lock row stopped being ours,
-    i.e. another run judged us dead (we were suspended past stale_after) and took over."""
-
-    def __init__(self, path: Path, run: int, interval: float):
-        super().__init__(name="pantheon-heartbeat", daemon=True)
-        self.path, self.run_id, self.interval = path, run, interval
-        self.stopping = threading.Event()
-        self.lost = threading.Event()
-
-    def run(self) -> None:  # noqa: D401 - Thread API
-        db = connect(self.path)
+    @classmethod
+    def open(cls, path: Path) -> JobState:
+        """Open (or create) the state file, with its schema; JobError if it is not one."""
+        db = connect(path)
         try:
-            while not self.stopping.wait(self.interval):
-                try:
-                    with Txn(db):
-                        n = db.execute("UPDATE lock SET heartbeat=? WHERE id=1 AND run=?", (time.time(), self.run_id)).rowcount
-                except sqlite3.OperationalError:
-                    continue  # busy for 30 s: try again at the next beat
-                if n == 0:
-                    self.lost.set()
-                    return
-        finally:
+            db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); runs outside our transactions
+            with Txn(db):
+                row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                if row is None:
+                    db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                elif int(row[0]) != SCHEMA_VERSION:
+                    raise JobError(f"{path}: job state has schema version {row[0]}, this pantheon-ocr reads {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as e:
             db.close()
+            raise JobError(f"{path}: not a usable job state file: {e}") from None
+        return cls(db)
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=5.0)
+    def close(self) -> None:
+        self.db.close()
 
+    # ----------------------------------------------------------------------- runs and lock
 
-def finish_run(db: sqlite3.Connection, run: int, status: str, exit_code: int, summary: dict,
-               report_json: str | None, report_html: str | None) -> None:
-    with Txn(db):
-        db.execute(
-            "UPDATE runs SET finished=?, status=?, exit_code=?, summary=?, report_json=?, report_html=? WHERE id=?",
-            (time.time(), status, exit_code, json.dumps(summary), report_json, report_html, run),
-        )
+    def read_lock(self) -> LockInfo | None:
+        row = self.db.execute("SELECT run, pid, host, acquired, heartbeat FROM lock WHERE id=1").fetchone()
+        return LockInfo(*row) if row else None
 
+    def start_run(self, executor: str, free: Callable[[LockInfo | None, float], None]) -> tuple[int, LockInfo | None]:
+        """In one write transaction: `free(lock, now)` raises unless the lock may be taken; then
+        the run row is inserted and the lock is ours. Returns (run id, the lock taken over)."""
+        host, pid, now = socket.gethostname(), os.getpid(), time.time()
+        with Txn(self.db) as db:
+            held = self.read_lock()
+            free(held, now)
+            if held is not None:
+                db.execute("UPDATE runs SET status='killed', finished=? WHERE id=? AND status='running'", (held.heartbeat, held.run))
+            run = db.execute("INSERT INTO runs (started, pid, host, executor, status) VALUES (?, ?, ?, ?, 'running')",
+                             (now, pid, host, executor)).lastrowid
+            db.execute("INSERT OR REPLACE INTO lock VALUES (1, ?, ?, ?, ?, ?)", (run, pid, host, now, now))
+            # A run row still 'running' without the lock was killed before it could say so.
+            db.execute("UPDATE runs SET status='killed' WHERE status='running' AND id<>?", (run,))
+        return run, held
 
-# --------------------------------------------------------------------------- status
+    def beat(self, run: int) -> bool:
+        """Refresh the lock's heartbeat; False when the lock is no longer this run's."""
+        with Txn(self.db) as db:
+            return db.execute("UPDATE lock SET heartbeat=? WHERE id=1 AND run=?", (time.time(), run)).rowcount > 0
 
+    def finish_run(self, run: int, status: str, exit_code: int, summary: dict, report_json: str | None,
+                   report_html: str | None) -> None:
+        with Txn(self.db) as db:
+            db.execute("UPDATE runs SET finished=?, status=?, exit_code=?, summary=?, report_json=?, report_html=? WHERE id=?",
+                       (time.time(), status, exit_code, json.dumps(summary), report_json, report_html, run))
 
-def job_status(spec) -> dict:
-    """Documents and pages by status, the last runs, current lock holder, final failures, for
-    a jobs_spec.JobSpec; read-only, no lock taken (works while a run is going)."""
-    out: dict[str, Any] = {"job": spec.name, "job_file": str(spec.path), "state": str(spec.state), "documents": {}, "pages": {},
-                           "runs": [], "running": None, "failures": []}
-    if not spec.state.is_file():
-        return out
-    db = connect(spec.state)
-    try:
-        db.execute("SELECT 1 FROM runs LIMIT 1")
-    except Exception:  # noqa: BLE001 - an empty or foreign file
-        db.close()
-        return out
-    try:
-        out["documents"] = dict(db.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall())
-        out["pages"] = dict(db.execute("SELECT status, count(*) FROM pages GROUP BY status").fetchall())
-        last = db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0
-        out["not_in_last_run"] = db.execute("SELECT count(*) FROM documents WHERE seen_run IS NOT ? ", (last,)).fetchone()[0]
-        for r in db.execute("SELECT id, started, finished, host, pid, executor, status, exit_code, summary, report_html FROM runs "
-                            "ORDER BY id DESC LIMIT 5"):
-            run = {k: r[k] for k in r.keys() if k != "summary"}
-            run["totals"] = _run_totals(r["summary"])
-            out["runs"].append(run)
-        lock = read_lock(db)
-        if lock is not None:
-            out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock["stale_after"])}
-        out["failures"] = [dict(r) for r in db.execute(
+    def release(self, run: int) -> None:
+        with Txn(self.db) as db:
+            db.execute("DELETE FROM lock WHERE id=1 AND run=?", (run,))
+
+    def recent_runs(self, n: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT id, started, finished, host, pid, executor, status, exit_code, summary, report_html "
+                               "FROM runs ORDER BY id DESC LIMIT ?", (n,)).fetchall()
+
+    # ------------------------------------------------------------------------- documents
+
+    def documents_by_path(self) -> dict[str, sqlite3.Row]:
+        return {r["path"]: r for r in self.db.execute("SELECT * FROM documents")}
+
+    def document(self, row_id: int) -> sqlite3.Row:
+        return self.db.execute("SELECT * FROM documents WHERE id=?", (row_id,)).fetchone()
+
+    def place_document(self, row: sqlite3.Row | None, doc, output: str) -> sqlite3.Row:
+        """A new document row (pending) with its output base, or a known one's output moved."""
+        with Txn(self.db) as db:
+            if row is None:
+                row_id = db.execute("INSERT INTO documents (path, doc_id, kind, rel, output, status) VALUES (?, ?, ?, ?, ?, 'pending')",
+                                    (str(doc.path), doc.doc_id, doc.kind, str(doc.rel), output)).lastrowid
+            else:
+                row_id = row["id"]
+                db.execute("UPDATE documents SET output=? WHERE id=?", (output, row_id))
+        return self.document(row_id)
+
+    def mark_seen(self, seen: list[tuple]) -> None:
+        """(run, size, mtime_ns, row id) per document: one transaction, not one per document."""
+        with Txn(self.db) as db:
+            db.executemany("UPDATE documents SET seen_run=?, size=?, mtime_ns=? WHERE id=?", seen)
+
+    def set_pages(self, row_id: int, stamp: tuple, n_pages: int, pages_spec: str, selected: list[int],
+                  keep_done: bool, bump: bool) -> None:
+        """(Re)make a document's pages rows for `selected` (1-based); keep_done keeps the rows of
+        pages still selected. stamp = (sha256, size, mtime_ns); bump: the content changed."""
+        with Txn(self.db) as db:
+            if keep_done:
+                db.execute(f"DELETE FROM pages WHERE doc=? AND page NOT IN ({','.join('?' * len(selected)) or 'NULL'})",
+                           (row_id, *selected))
+            else:
+                db.execute("DELETE FROM pages WHERE doc=?", (row_id,))
+            db.executemany("INSERT OR IGNORE INTO pages (doc, page, status) VALUES (?, ?, 'pending')", [(row_id, p) for p in selected])
+            db.execute("UPDATE documents SET sha256=?, size=?, mtime_ns=?, n_pages=?, pages_spec=?, status=?, error=NULL, "
+                       "version=version+?, updated_at=? WHERE id=?",
+                       (*stamp, n_pages, pages_spec, "pending" if selected else "empty", int(bump), time.time(), row_id))
+
+    def set_unreadable(self, row_id: int, stamp: tuple, reason: str, bump: bool) -> None:
+        with Txn(self.db) as db:
+            db.execute("DELETE FROM pages WHERE doc=?", (row_id,))
+            db.execute("UPDATE documents SET sha256=?, size=?, mtime_ns=?, n_pages=NULL, pages_spec=NULL, status='failed', "
+                       "error=?, version=version+?, updated_at=? WHERE id=?", (*stamp, reason, int(bump), time.time(), row_id))
+
+    def retry_failed(self, row_id: int) -> None:
+        with Txn(self.db) as db:
+            db.execute("UPDATE pages SET status='pending', attempts=0 WHERE doc=? AND status='failed'", (row_id,))
+            db.execute("UPDATE documents SET status='pending' WHERE id=? AND status IN ('failed', 'partial')", (row_id,))
+
+    def fail_exhausted(self, attempts: int) -> None:
+        """Pages left pending with no attempt left (retry.attempts was lowered) become failed."""
+        with Txn(self.db) as db:
+            db.execute("UPDATE pages SET status='failed', error=coalesce(error, 'no attempts left') "
+                       "WHERE status='pending' AND attempts>=?", (attempts,))
+
+    def set_document_status(self, row_id: int, status: str, error: str | None) -> None:
+        with Txn(self.db) as db:
+            db.execute("UPDATE documents SET status=?, error=?, updated_at=? WHERE id=?", (status, error, time.time(), row_id))
+
+    # ----------------------------------------------------------------------------- pages
+
+    def pending_pages(self) -> list[sqlite3.Row]:
+        """(doc, page, attempts, n_pages) of every pending page, by document path and page."""
+        return self.db.execute("SELECT p.doc, p.page, p.attempts, d.n_pages FROM pages p JOIN documents d ON d.id = p.doc "
+                               "WHERE p.status='pending' ORDER BY d.path, p.page").fetchall()
+
+    def pages(self, row_id: int) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM pages WHERE doc=? ORDER BY page", (row_id,)).fetchall()
+
+    @staticmethod
+    def seconds(page: sqlite3.Row) -> dict[str, float]:
+        """A page row's seconds per pipeline stage."""
+        return {s: page[c] or 0.0 for s, c in STAGE_COLUMNS.items()}
+
+    def record_attempt(self, run: int, row_id: int, page: int, attempt: int, status: str, result, error: str | None,
+                       outcome: str, sampling, seconds: list[float], now: float) -> int | None:
+        """One page attempt, in one transaction: the page row (only if it is still pending at
+        attempt - 1, so nothing is recorded twice) and its attempts row. Returns how many pages of
+        the document are still pending, or None if the page had been recorded already."""
+        with Txn(self.db) as db:
+            n = db.execute(
+                f"UPDATE pages SET status=?, attempts=?, text=?, n_tokens=?, finish_reason=?, error=?, "
+                f"{', '.join(f'{c}=?' for c in STAGE_COLUMNS.values())}, temperature=?, seed=?, run=?, finished_at=? "
+                "WHERE doc=? AND page=? AND status='pending' AND attempts=?",
+                (status, attempt, result.text, result.n_tokens, result.finish_reason, error, *seconds, sampling.temperature,
+                 sampling.seed, run, now, row_id, page, attempt - 1),
+            ).rowcount
+            if n == 0:
+                return None
+            version = db.execute("SELECT version FROM documents WHERE id=?", (row_id,)).fetchone()[0]
+            db.execute(f"INSERT INTO attempts (run, doc, version, page, attempt, outcome, temperature, seed, n_tokens, "
+                       f"finish_reason, error, {_SECONDS}, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (run, row_id, version, page, attempt, outcome, sampling.temperature, sampling.seed, result.n_tokens,
+                        result.finish_reason, result.error, *seconds, now))
+            return db.execute("SELECT count(*) FROM pages WHERE doc=? AND status='pending'", (row_id,)).fetchone()[0]
+
+    # ---------------------------------------------------------------------------- counts
+
+    def has_runs(self) -> bool:
+        """Whether this is a job state at all (a file that exists may be empty or foreign)."""
+        try:
+            self.db.execute("SELECT 1 FROM runs LIMIT 1")
+        except sqlite3.DatabaseError:
+            return False
+        return True
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Documents and pages by status."""
+        return {"documents": dict(self.db.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall()),
+                "pages": dict(self.db.execute("SELECT status, count(*) FROM pages GROUP BY status").fetchall())}
+
+    def not_in_last_run(self) -> int:
+        last = self.db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0
+        return self.db.execute("SELECT count(*) FROM documents WHERE seen_run IS NOT ? ", (last,)).fetchone()[0]
+
+    def final_failures(self, limit: int = 200) -> list[dict]:
+        """Failed documents (page None) and failed pages: path, page, reason."""
+        return [dict(r) for r in self.db.execute(
             "SELECT d.path, NULL AS page, d.error AS reason FROM documents d WHERE d.status='failed' UNION ALL "
-            "SELECT d.path, p.page, p.error FROM pages p JOIN documents d ON d.id=p.doc WHERE p.status='failed' ORDER BY 1, 2 LIMIT 200")]
-    finally:
-        db.close()
-    return out
-
-
-def _run_totals(summary: str | None) -> dict:
-    import json
-
-    if not summary:
-        return {}
-    s = json.loads(summary)
-    return {"pages": s.get("pages", {}).get("attempted", 0), "tokens": s.get("pages", {}).get("tokens", 0), "seconds": s.get("seconds", 0)}
+            "SELECT d.path, p.page, p.error FROM pages p JOIN documents d ON d.id=p.doc WHERE p.status='failed' "
+            "ORDER BY 1, 2 LIMIT ?", (limit,))]

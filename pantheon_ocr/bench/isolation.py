@@ -16,8 +16,9 @@ import sys
 import time
 from typing import Any
 
+from ..engine.threads import blas_env
+
 _RESULT_MARK = "@@bench-result@@ "
-BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def rss_now_mb() -> float:
@@ -46,7 +47,7 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
     else:
         env = dict(os.environ)
         if threads:
-            env.update({k: str(threads) for k in BLAS_ENV})
+            env.update(blas_env(threads))
         payload = json.dumps({"func": func, "kwargs": kwargs})
         proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from contextlib import contextmanager
@@ -59,11 +58,13 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, progress) -> None:
     """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
     from ..archive import run as job_run
     from ..archive.report import run_lines
+    from .progress import progress_bar
 
     spec = job_run.load_job(job)
-    if spec.model["threads"]:  # before the engine starts its BLAS threads
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(spec.model["threads"])
+    if spec.model["threads"]:  # before the engine loads numpy's BLAS
+        from ..engine.threads import set_blas_threads
+
+        set_blas_threads(spec.model["threads"])
     address = None if no_ray else ray_address or spec.ray["address"]
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress
@@ -72,33 +73,10 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, progress) -> None:
         click.echo(line, err=True)
 
     with _sigterm_as_interrupt():
-        result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=_bar() if show else None, log=log)
+        result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=progress_bar() if show else None, log=log)
     for line in run_lines(result):
         click.echo(line, err=True)
     click.get_current_context().exit(int(result.exit_code))
-
-
-def _bar():
-    """A tqdm bar per round (the first pass, then each round of retries)."""
-    from tqdm import tqdm
-
-    bar = None
-
-    def update(p) -> None:
-        nonlocal bar
-        if bar is None or p.pages_done < bar.n:
-            if bar is not None:
-                bar.close()
-            bar = tqdm(total=p.pages_total, unit="page", dynamic_ncols=True)
-        bar.total, bar.n = p.pages_total, p.pages_done
-        bar.set_postfix_str(f"{p.pages_done / max(p.elapsed, 1e-9) * 60:.1f} pages/min, "
-                            f"{p.tokens / max(p.elapsed, 1e-9):.1f} tok/s, {p.pages_failed} failed", refresh=False)
-        bar.refresh()
-        if p.pages_done >= p.pages_total:
-            bar.close()
-            bar = None
-
-    return update
 
 
 @archive.command("status")
@@ -106,8 +84,8 @@ def _bar():
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def status(job, as_json) -> None:
     """Summarise JOB.toml's state: documents and pages by status, last runs, failures."""
-    from ..archive.report import failure_line
-    from ..archive.run import job_status, load_job
+    from ..archive.report import failure_line, job_status
+    from ..archive.spec import load_job
 
     info = job_status(load_job(job))
     if as_json:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -48,19 +47,17 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                temperature, top_p, seed, threads, weights, vision_backend, device, vision_dtype, gpu_prefill,
                gpu_decode, overlap, skip_existing, render_workers, progress) -> None:
     """Transcribe PDFs and images (files, folders, globs) to Markdown, one file per document."""
-    user_env = any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
-    if threads is None and overlap and not user_env:
-        # Two stage threads each driving an all-core OpenBLAS oversubscribe the machine (measured
-        # on 2 cores: 94 s vs 33 s for the same pages); give each stage its share instead.
-        threads = max(1, (os.cpu_count() or 2) // 2)
-    if threads:  # before numpy starts its BLAS threads
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
+    from ..engine.threads import set_blas_threads, stage_threads
+
+    threads = stage_threads(threads, overlap)
+    if threads:  # before the engine loads numpy's BLAS
+        set_blas_threads(threads)
     from ..engine.loader import EngineOptions, load_page_engine, resolve_model
+    from ..engine.sampling import SamplingOptions
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.run import run_pipeline
-    from ..engine.sampling import SamplingOptions
     from ..pipeline.types import PipelineOptions
+    from .progress import progress_bar
 
     text_path, mmproj_path = resolve_model(model, mmproj)
     to_stdout = output == "-"
@@ -80,7 +77,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         gpu_decode=gpu_decode))
     for note in notes:
         click.echo(f"note: {note}", err=True)
-    summary = run_pipeline(documents, engine, options, on_progress=_bar() if progress else None)
+    summary = run_pipeline(documents, engine, options, on_progress=progress_bar() if progress else None)
     if to_stdout:
         for d in summary.documents:
             for out in d.outputs:
@@ -89,27 +86,6 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         scratch.cleanup()
     report(summary)
     click.get_current_context().exit(int(summary.exit_code))
-
-
-def _bar():
-    from tqdm import tqdm
-
-    bar = None
-
-    def update(p) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=p.pages_total, unit="page", dynamic_ncols=True)
-        bar.total = p.pages_total
-        bar.n = p.pages_done
-        minutes = max(p.elapsed, 1e-9) / 60
-        bar.set_postfix_str(f"{p.pages_done / minutes:.1f} pages/min, {p.tokens / max(p.elapsed, 1e-9):.1f} tok/s, "
-                            f"{p.pages_failed} failed", refresh=False)
-        bar.refresh()
-        if p.pages_done >= p.pages_total and p.docs_done >= p.docs_total:
-            bar.close()
-
-    return update
 
 
 def report(summary) -> None:

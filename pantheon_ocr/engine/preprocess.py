@@ -2,16 +2,16 @@
 
 The steps (spec/lightonocr.md "Preprocessing"):
 1. decode, apply the EXIF orientation (transformers' `load_image` does), convert to RGB with any
-   alpha composited onto white;
+   alpha composited onto white (images.to_rgb, the same conversion as page rendering);
 2. if the longest side exceeds `longest_edge`: ratio = max(h, w) / longest_edge,
    h = floor(h / ratio), w = floor(w / ratio) (never upscale);
 3. round each side UP to a multiple of the patch size (14) and resize ONCE from the original with
    PIL bicubic (a stretch, no padding);
 4. x / 255 (in float64, then float32, as transformers does), then (x - mean) / std per channel.
 
-Deviations from transformers, on purpose: 16-bit and 32-bit grey images are scaled to 8 bits
-(PIL's convert("RGB") clips them at 255, which turns most 16-bit scans white), and images too small
-to give one merged image token raise `InputError` instead of failing deep inside the model.
+Deviations from transformers, on purpose: 16-bit, 32-bit and float grey images are scaled to 8
+bits (PIL's convert("RGB") clips them at 255, which turns most 16-bit scans white), and images too
+small to give one merged image token raise `InputError` instead of failing deep inside the model.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import InputError
+from .images import to_rgb
 
 ImageSource = Union[str, Path, bytes, "Image.Image", np.ndarray]
 
@@ -70,7 +71,9 @@ def load_image(source: ImageSource, name: str | None = None) -> Image.Image:
             raise InputError(name, f"cannot read an image from a {type(source).__name__}")
         image.load()  # decode now: a truncated file fails here, not later
         image = ImageOps.exif_transpose(image)
-        return _to_rgb(image, name)
+        if image.width < 1 or image.height < 1:
+            raise InputError(name, f"image has no pixels ({image.width}x{image.height})")
+        return to_rgb(image)
     except InputError:
         raise
     except FileNotFoundError:
@@ -94,35 +97,6 @@ def _from_array(arr: np.ndarray, name: str) -> Image.Image:
     if arr.dtype != np.uint8 or not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (3, 4))):
         raise InputError(name, f"expected a uint8 array [H, W], [H, W, 3] or [H, W, 4], got {arr.dtype} {list(arr.shape)}")
     return Image.fromarray(np.ascontiguousarray(arr))
-
-
-def _to_rgb(image: Image.Image, name: str) -> Image.Image:
-    if image.width < 1 or image.height < 1:
-        raise InputError(name, f"image has no pixels ({image.width}x{image.height})")
-    mode = image.mode
-    if mode.startswith("I") or mode == "F":
-        image = _grey_to_8bit(image)
-    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
-    if has_alpha:  # as transformers' convert_to_rgb: composite onto opaque white
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def _grey_to_8bit(image: Image.Image) -> Image.Image:
-    """16-bit ('I;16*'), 32-bit int ('I') or float ('F') grey -> 8-bit 'L', scaling 16-bit range."""
-    arr = np.asarray(image)
-    if image.mode.startswith("I;16") or (image.mode == "I" and arr.size and arr.max() > 255):
-        arr8 = np.clip(np.rint(arr.astype(np.float64) / 257.0), 0, 255)  # 65535 -> 255
-    elif image.mode == "F" and arr.size and np.nanmax(arr) <= 1.0:
-        arr8 = np.clip(np.rint(np.nan_to_num(arr) * 255.0), 0, 255)
-    else:
-        arr8 = np.clip(np.nan_to_num(arr.astype(np.float64)), 0, 255)
-    out = Image.fromarray(arr8.astype(np.uint8), mode="L")
-    if "transparency" in image.info:
-        out.info["transparency"] = image.info["transparency"]
-    return out
 
 
 def preprocess(source: ImageSource, *, longest_edge: int, patch_size: int, mean: Sequence[float],

@@ -17,9 +17,9 @@ import threading
 import warnings
 from pathlib import Path
 
-import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..engine.images import to_rgb
 from ..errors import InputError
 from .inputs import Document
 
@@ -209,7 +209,7 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
             frame = ImageOps.exif_transpose(img)  # phone photos: honour the orientation tag
             if frame is img:
                 frame = img.copy()  # must outlive the file, which closes below
-            rgb = _to_rgb(frame)
+            rgb = to_rgb(frame)
         except InputError:
             raise
         except (OSError, ValueError, SyntaxError) as e:  # truncated data, bad tiles, ...
@@ -221,37 +221,3 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
             raise InputError(doc.path, f"the image is too narrow to read ({w}x{h} px)", page=page_no)
         rgb = rgb.resize((nw, nh), Image.LANCZOS)
     return rgb
-
-
-def _to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode -> 8-bit RGB: transparency over white paper, wide/float data scaled down."""
-    mode = img.mode
-    if mode.startswith("I") or mode == "F":
-        return Image.fromarray(_to_uint8(np.asarray(img), mode), "L").convert("RGB")
-    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info:
-        rgba = img.convert("RGBA")  # also resolves palettes, tRNS colour keys, premultiplied alpha
-        page = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        page.alpha_composite(rgba)
-        return page.convert("RGB")
-    # CMYK, YCbCr, LAB, P, 1, L: PIL's conversions (Adobe-inverted CMYK JPEGs are handled by
-    # the decoder). Colour accuracy does not matter for reading text; contrast does.
-    return img if mode == "RGB" else img.convert("RGB")
-
-
-def _to_uint8(a: np.ndarray, mode: str) -> np.ndarray:
-    """Wide or float grey data -> uint8. 16-bit data maps 0..65535 linearly, as viewers show
-    it; 32-bit integer or float data already in 0..255 (or 0..1 for float) keeps its scale;
-    anything else is stretched min..max so it neither saturates to white nor vanishes."""
-    if mode.startswith("I;16"):
-        return np.rint(a.astype(np.float32) / 257.0).astype(np.uint8)
-    a = np.nan_to_num(a.astype(np.float64))
-    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
-    if mode == "F" and lo >= 0 and hi <= 1.0:
-        a = a * 255.0
-    elif lo >= 0 and hi <= 255:
-        pass
-    elif mode == "I" and lo >= 0 and hi <= 65535:
-        a = a / 257.0  # 16-bit data that PIL widened to 32-bit
-    else:
-        a = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
-    return np.clip(np.rint(a), 0, 255).astype(np.uint8)

@@ -1,10 +1,9 @@
 """The recipe: plan -> render -> vision stage -> CPU stage -> write.
 
-    main thread      plan (skip done documents, count pages in a worker), then collect + write
-    feeder thread    RenderPool.imap(render_page) in page order           -> render_q (bounded)
-    vision thread    engine.vision(image)                                -> features_q (bounded)
-    cpu thread       prefill + batched decode_step, continuous batching  -> result_q
-    main thread      assembles documents; writes each atomically as soon as all its pages are in
+    main thread      plan (skip done documents, count pages in a worker)
+    stage threads    render -> vision -> prefill + batched decode (stages.py)
+    main thread      collects page results, writes each document atomically as soon as all
+                     its pages are in
 
 Memory is bounded by the queue sizes, not by document length: at most `2 * render_workers`
 pages inside the render pool, `render_queue` rendered pages, one image in the vision stage,
@@ -27,44 +26,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .outputs import OutputPaths, plan_output_paths, write_document
-from .types import (
-    STAGES,
-    DocumentOutcome,
-    PageEngine,
-    PageFailure,
-    PageResult,
-    PageTask,
-    PipelineOptions,
-    Progress,
-    RunSummary,
-)
 from .inputs import Document, parse_pages, validate_page_spec
+from .outputs import OutputPaths, plan_output_paths, write_document
 from .render import DEFAULT_LONGEST_EDGE, count_pages, render_page
 from .render_pool import RenderPool
-
-_END = object()  # end of a stage's stream
-_POLL = 0.1  # seconds: how often a blocked stage looks at `stop`
-
-
-@dataclass
-class _Page:
-    """A page on its way through the stages; `payload` is the image, then the features."""
-
-    task: PageTask
-    payload: Any
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
-
-
-@dataclass
-class _Active:
-    page: _Page
-    seq: Any
-    steps: int = 0
-
-
-class _StageCrashed(Exception):
-    """A bug in a stage thread itself (not a page failure): re-raised in the main thread."""
+from .stages import POLL, StageCrashed, Stages
+from .types import DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress, RunSummary
 
 
 @dataclass
@@ -121,17 +88,12 @@ class _Run:
             workers=options.render_workers, timeout=options.render_timeout, start_method=start_method
         )
         self.stop = threading.Event()
-        self.render_q: queue.Queue = queue.Queue(maxsize=options.render_queue)
-        self.features_q: queue.Queue = queue.Queue(maxsize=options.features_queue)
-        self.result_q: queue.Queue = queue.Queue()  # small items (text); drained continuously
+        self.stages: Stages | None = None
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
         self.pages_done = self.pages_failed = self.tokens = 0
         self.t0 = time.perf_counter()
-        self.threads: list[threading.Thread] = []
-
-    # ---------------------------------------------------------------- main thread
 
     def execute(self) -> RunSummary:
         interrupted = False
@@ -139,7 +101,8 @@ class _Run:
             self._plan()
             self._progress()
             if self.tasks:
-                self._start_threads()
+                self.stages = Stages(self.engine, self.options, self.pool, self.render_fn, self.edge, self.tasks, self.stop)
+                self.stages.start()
                 self._collect()
         except KeyboardInterrupt:
             interrupted = True
@@ -208,22 +171,13 @@ class _Run:
             if doc.doc_id not in self.states:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "skipped", note="no pages to run")
 
-    def _start_threads(self) -> None:
-        stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
-        if self.options.overlap:
-            stages.insert(1, ("vision", self._vision_loop))
-        for name, fn in stages:
-            t = threading.Thread(target=self._guard, args=(fn,), name=f"pantheon-{name}", daemon=True)
-            t.start()
-            self.threads.append(t)
-
     def _collect(self) -> None:
         while self.pages_done < len(self.tasks):
             try:
-                item = self.result_q.get(timeout=_POLL)
+                item = self.stages.results.get(timeout=POLL)
             except queue.Empty:
                 continue
-            if isinstance(item, _StageCrashed):
+            if isinstance(item, StageCrashed):
                 raise item.__cause__ or item
             self._record(item)
 
@@ -276,140 +230,6 @@ class _Run:
 
     def _shutdown(self) -> None:
         self.stop.set()
-        for t in self.threads:
-            # Stages notice `stop` within _POLL once their current engine call returns; the
-            # threads are daemons, so an engine call that never returns cannot block exit.
-            t.join(timeout=10.0)
+        if self.stages is not None:
+            self.stages.join()
         self.pool.close()
-
-    # --------------------------------------------------------------- stage threads
-
-    def _guard(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - report to the main thread, never vanish
-            self.stop.set()
-            crash = _StageCrashed(f"{threading.current_thread().name}: {type(e).__name__}: {e}")
-            crash.__cause__ = e
-            self.result_q.put(crash)
-
-    def _put(self, q: queue.Queue, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                q.put(item, timeout=_POLL)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def _get(self, q: queue.Queue, block: bool = True) -> Any:
-        """The next item; None when `stop` is set, or at once when not blocking and empty."""
-        while not self.stop.is_set():
-            try:
-                return q.get(timeout=_POLL) if block else q.get_nowait()
-            except queue.Empty:
-                if not block:
-                    return None
-        return None
-
-    def _fail(self, page: _Page, reason: str) -> None:
-        page.payload = None
-        self.result_q.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds))
-
-    def _feed(self) -> None:
-        items = ((t.doc, t.page_index, self.edge, self.options.password) for t in self.tasks)
-        for outcome in self.pool.imap(self.render_fn, items, self.stop):
-            page = _Page(self.tasks[outcome.index], outcome.value)
-            page.seconds["render"] = outcome.seconds
-            if outcome.error is not None:
-                self._fail(page, getattr(outcome.error, "problem", str(outcome.error)))
-            elif not self._put(self.render_q, page):
-                return
-        self._put(self.render_q, _END)
-
-    def _vision(self, page: _Page) -> bool:
-        t0 = time.perf_counter()
-        try:
-            page.payload = self.engine.vision(page.payload)
-        except Exception as e:  # noqa: BLE001 - one page's failure
-            page.seconds["vision"] = time.perf_counter() - t0
-            self._fail(page, f"vision stage failed: {type(e).__name__}: {e}")
-            return False
-        page.seconds["vision"] = time.perf_counter() - t0
-        return True
-
-    def _vision_loop(self) -> None:
-        while True:
-            page = self._get(self.render_q)
-            if page is None:
-                return
-            if page is _END:
-                self._put(self.features_q, _END)
-                return
-            if self._vision(page) and not self._put(self.features_q, page):
-                return
-
-    def _cpu_loop(self) -> None:
-        """Continuous batching: keep up to batch_size sequences; a page joins as soon as its
-        prefill is done and a slot is free, and leaves as soon as it is finished."""
-        source = self.features_q if self.options.overlap else self.render_q
-        active: list[_Active] = []
-        upstream_done = False
-        while not self.stop.is_set():
-            while len(active) < self.options.batch_size and not upstream_done:
-                page = self._get(source, block=not active)
-                if page is None:
-                    break
-                if page is _END:
-                    upstream_done = True
-                    break
-                if not self.options.overlap and not self._vision(page):
-                    continue
-                sampling = page.task.sampling or self.options.sampling
-                t0 = time.perf_counter()
-                try:
-                    seq = self.engine.prefill(page.payload, sampling)
-                except Exception as e:  # noqa: BLE001
-                    page.seconds["prefill"] = time.perf_counter() - t0
-                    self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
-                    continue
-                page.seconds["prefill"] = time.perf_counter() - t0
-                page.payload = None  # the features live on in the KV cache only
-                slot = _Active(page, seq)
-                if seq.finished:
-                    self._emit(slot)
-                else:
-                    active.append(slot)
-            if not active:
-                if upstream_done:
-                    return
-                continue
-            t0 = time.perf_counter()
-            try:
-                self.engine.decode_step([a.seq for a in active])
-            except Exception as e:  # noqa: BLE001 - cannot tell which page: fail this batch
-                for a in active:
-                    self._fail(a.page, f"decode step failed: {type(e).__name__}: {e}")
-                active = []
-                continue
-            dt = time.perf_counter() - t0
-            still = []
-            for a in active:
-                a.page.seconds["decode"] += dt  # wall time of the steps it took part in
-                a.steps += 1
-                if a.seq.finished:
-                    self._emit(a)
-                elif a.steps > (a.page.task.sampling or self.options.sampling).max_tokens + 8:
-                    self._fail(a.page, f"the engine did not stop the sequence after {a.steps} steps")
-                else:
-                    still.append(a)
-            active = still
-
-    def _emit(self, a: _Active) -> None:
-        try:
-            text = a.seq.text()
-        except Exception as e:  # noqa: BLE001
-            self._fail(a.page, f"detokenizing failed: {type(e).__name__}: {e}")
-            return
-        task = a.page.task
-        self.result_q.put(PageResult(task.doc, task.page, text, a.seq.n_tokens, a.seq.finish_reason, None, a.page.seconds))

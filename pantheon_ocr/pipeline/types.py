@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from PIL import Image
 
 from ..engine.sampling import SamplingOptions
-from ..errors import ExitCode, UsageError
+from ..errors import ExitCode, UsageError, run_exit_code
 from .inputs import Document
 
 FORMATS = ("md", "jsonl", "txt")
@@ -156,11 +156,5 @@ class RunSummary:
 
     @property
     def exit_code(self) -> ExitCode:
-        """130 interrupted; 0 clean; 1 some pages failed but something was written; 4 when
-        everything attempted failed (unreadable input)."""
-        if self.interrupted:
-            return ExitCode.INTERRUPTED
-        if not self.failed_pages:
-            return ExitCode.OK
         wrote = any(d.status in ("written", "partial") for d in self.documents)
-        return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
+        return run_exit_code(self.interrupted, bool(self.failed_pages), wrote)

@@ -51,9 +51,9 @@ def _install(kill: _Counter | None, ready: str | None) -> None:
     n_recorded = [0]
 
     def _record(self, result):
-        before = len(self.attempts)
+        before = len(self.log.attempts)
         record(self, result)
-        if len(self.attempts) > before:
+        if len(self.log.attempts) > before:
             n_recorded[0] += 1
             if ready and n_recorded[0] == 1:
                 Path(ready).touch()

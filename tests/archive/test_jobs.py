@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from fake_engine import SAMPLES, EngineFactory, expected_text
-from pantheon_ocr.archive.run import job_status, load_job, run_job
-from pantheon_ocr.archive.state import JobLocked, connect
+from pantheon_ocr.archive.lock import JobLocked
+from pantheon_ocr.archive.report import job_status
+from pantheon_ocr.archive.run import load_job, run_job
+from pantheon_ocr.archive.state import connect
 from pantheon_ocr.errors import ExitCode, JobError
 
 from .harness import check_outputs, md_pages, pdf, run_cli, temp_litter, write_job

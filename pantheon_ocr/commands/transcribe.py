@@ -41,11 +41,14 @@ import click
               help="Run the vision stage on its own thread, overlapped with prefill and decode.")
 @click.option("--skip-existing/--overwrite", default=True, show_default=True,
               help="Skip documents whose output already exists, or redo them.")
+@click.option("--segment", type=click.Choice(["page", "blocks", "lines"]), default=None,
+              help="Read whole pages, or cut them into text blocks or lines first, each read as its own "
+                   "sequence (default: what the model's GGUF asks for; LightOnOCR reads pages).")
 @click.option("--render-workers", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def transcribe(inputs, model, mmproj, output, pages, formats, page_files, password, batch_size, max_tokens,
                temperature, top_p, seed, threads, weights, vision_backend, device, vision_dtype, gpu_prefill,
-               gpu_decode, overlap, skip_existing, render_workers, progress) -> None:
+               gpu_decode, overlap, skip_existing, segment, render_workers, progress) -> None:
     """Transcribe PDFs and images (files, folders, globs) to Markdown, one file per document."""
     from ..engine.threads import set_blas_threads, stage_threads
 
@@ -69,7 +72,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     options = PipelineOptions(
         out_dir=Path(output), formats=tuple(formats), page_files=page_files, overwrite=not skip_existing,
         pages=pages, password=password, batch_size=batch_size, overlap=overlap, render_workers=render_workers,
-        sampling=SamplingOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
+        segment=segment, sampling=SamplingOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
     )
     documents = expand_inputs(list(inputs))
     engine, notes = load_page_engine(EngineOptions(

@@ -64,7 +64,14 @@ class OCREngine:
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False):
         self.vlm = vlm
-        self.longest_edge = vlm.longest_edge
+        vc = vlm.vision_config
+        self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
+        # How the model wants its pages cut (pipeline/regions.py): its default segment mode, the
+        # height of a line crop, the resolution pages are rendered at before they are cut, and
+        # the multiple every image side is rounded up to.
+        self.segment, self.line_height = vc.segment, vc.line_height
+        self.page_edge = vc.page_edge or vlm.longest_edge
+        self.patch_size = vc.patch_size
         # ignore_eos: every page runs to its max_tokens, neither stop ids nor the repetition guard
         # end it (benchmarks on random-weight models, comparisons with reference token streams).
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from .inputs import Document, parse_pages, validate_page_spec
 from .outputs import OutputPaths, plan_output_paths, write_document
+from .regions import for_options
 from .render import DEFAULT_LONGEST_EDGE, count_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
@@ -75,14 +76,14 @@ class _Run:
         for doc in documents:
             unique.setdefault(doc.doc_id, doc)
         self.documents = list(unique.values())
-        self.engine = engine
+        self.engine = for_options(engine, options.segment)
         self.options = options
         self.on_progress = on_progress
         self.render_fn = render_fn
         self.explicit_tasks = None if tasks is None else list(tasks)
         self.on_page = on_page
         self.write_outputs = write_outputs
-        self.edge = options.longest_edge or getattr(engine, "longest_edge", None) or DEFAULT_LONGEST_EDGE
+        self.edge = options.longest_edge or getattr(self.engine, "longest_edge", None) or DEFAULT_LONGEST_EDGE
         self.paths = plan_output_paths(self.documents, options.out_dir)
         self.pool = RenderPool(
             workers=options.render_workers, timeout=options.render_timeout, start_method=start_method

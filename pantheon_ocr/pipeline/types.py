@@ -78,6 +78,9 @@ class PageResult:
         return self.error is None
 
 
+SEGMENT_MODES = ("page", "blocks", "lines")
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     out_dir: Path
@@ -94,6 +97,9 @@ class PipelineOptions:
     render_queue: int = 4  # rendered pages waiting for the vision stage
     features_queue: int = 2  # encoded pages waiting for a decode slot
     longest_edge: int | None = None  # None: the engine's
+    # page: the model reads whole pages; blocks / lines: pages are cut into text regions, each
+    # read as its own sequence (regions.py). None: what the model's GGUF asks for.
+    segment: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
@@ -106,6 +112,8 @@ class PipelineOptions:
                 raise UsageError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.longest_edge is not None and self.longest_edge < 64:
             raise UsageError(f"longest_edge must be at least 64 px (got {self.longest_edge})")
+        if self.segment is not None and self.segment not in SEGMENT_MODES:
+            raise UsageError(f"segment must be one of {', '.join(SEGMENT_MODES)} (got {self.segment})")
 
 
 @dataclass(frozen=True)

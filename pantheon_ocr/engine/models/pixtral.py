@@ -41,6 +41,14 @@ class VisionConfig:
     projection_dim: int  # projector output size = the text model's n_embd
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    # How the model wants its pages (`pantheon.reader.*`, written by our reader's export; a
+    # LightOnOCR file has none: it reads whole pages at longest_edge).
+    segment: str = "page"  # page, blocks or lines
+    line_height: int = 0  # lines: each line crop is scaled to this height (px)
+    page_edge: int = 0  # segmenting readers: pages are rendered at this longest edge first (px)
+
+
+SEGMENT_MODES = ("page", "blocks", "lines")
 
 
 def vision_config(gf: GGUFFile) -> VisionConfig:
@@ -91,7 +99,18 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
         projection_dim=key("projection_dim", int),
         image_mean=stats["image_mean"],
         image_std=stats["image_std"],
+        segment=meta(gf, "pantheon.reader.segment", str, "page"),
+        line_height=meta(gf, "pantheon.reader.line_height", int, 0),
+        page_edge=meta(gf, "pantheon.reader.page_edge", int, 0),
     )
+    if cfg.segment not in SEGMENT_MODES:
+        raise ModelError(gf.path, f"'pantheon.reader.segment' is {cfg.segment!r}, expected one of {', '.join(SEGMENT_MODES)}")
+    unit = cfg.patch_size * cfg.merge
+    if cfg.segment == "lines" and (cfg.line_height < unit or cfg.line_height % unit or cfg.line_height > 16 * unit):
+        raise ModelError(gf.path, f"'pantheon.reader.line_height' ({cfg.line_height}) must be a multiple of {unit} "
+                                  f"(patch size x merge) between {unit} and {16 * unit}")
+    if cfg.page_edge and not 256 <= cfg.page_edge <= 10000:
+        raise ModelError(gf.path, f"'pantheon.reader.page_edge' ({cfg.page_edge}) must be between 256 and 10000 px")
     for name, value in (("patch_size", cfg.patch_size), ("image_size", cfg.longest_edge), ("block_count", cfg.n_layer),
                         ("feed_forward_length", cfg.n_ff), ("spatial_merge_size", cfg.merge),
                         ("projection_dim", cfg.projection_dim)):

@@ -1,0 +1,243 @@
+"""Page segmentation: a page image -> text regions in reading order (columns first, then lines).
+
+For readers that read lines or blocks rather than whole pages. Printed documents only: the page
+is binarised (Otsu), table rules and other long strokes are removed, and the ink is cut
+recursively (an X-Y cut): a block splits into columns where a wide vertical gap runs through all of
+it and both sides hold running text, otherwise into bands of rows; a band splits into cells at wide
+horizontal gaps. Each leaf is a line: its crop is taken from the grey page, padded, and scaled to
+the reader's line height. A blank page has no regions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class Region:
+    box: tuple[int, int, int, int]  # x0, y0, x1, y1 on the page image
+    block: int  # regions of one block (paragraph, column, table) share a number, in reading order
+    row: int  # regions on one line of a block share a number; cells of a line are joined with a space
+
+
+def otsu(grey: np.ndarray) -> int:
+    hist = np.bincount(grey.ravel(), minlength=256).astype(np.float64)
+    p = hist / hist.sum()
+    omega, mu = np.cumsum(p), np.cumsum(p * np.arange(256))
+    between = (mu[-1] * omega - mu) ** 2 / np.maximum(omega * (1 - omega), 1e-12)
+    return int(np.argmax(between))
+
+
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) indices of the True runs of a 1-D mask."""
+    d = np.diff(np.concatenate(([0], mask.view(np.int8), [0])))
+    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+
+
+def _long_runs(ink: np.ndarray, min_len: int) -> np.ndarray:
+    """Pixels of horizontal runs of ink at least min_len long (rows scanned as one padded line)."""
+    h, w = ink.shape
+    flat = np.concatenate([ink, np.zeros((h, 1), bool)], axis=1).ravel()
+    starts, ends = _runs(flat)
+    keep = (ends - starts) >= min_len
+    out = np.zeros(flat.size + 1, np.int32)
+    np.add.at(out, starts[keep], 1)
+    np.add.at(out, ends[keep], -1)
+    return (np.cumsum(out[:-1]) > 0).reshape(h, w + 1)[:, :w]
+
+
+def ink_mask(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ink, rules): text ink of a grey page, and the long straight strokes (table rules,
+    underlines, frames) taken out of it, grown by 2 px to cover their anti-aliased edges."""
+    if int(grey.max()) - int(grey.min()) < 40:  # a blank or flat page: no ink
+        return np.zeros(grey.shape, bool), np.zeros(grey.shape, bool)
+    ink = grey < otsu(grey)
+    h, w = ink.shape
+    rules = _long_runs(ink, max(40, w // 12)) | _long_runs(ink.T, max(40, h // 18)).T
+    ink &= ~rules
+    ink &= _box_count(ink, 9) >= 12  # dust: isolated specks of a few pixels
+    return ink, _box_count(rules, 5) > 0
+
+
+def _box_count(mask: np.ndarray, k: int) -> np.ndarray:
+    """Number of True pixels in the k x k window around each pixel (an integral image)."""
+    r = k // 2
+    c = np.pad(mask.astype(np.int32), ((r + 1, r), (r + 1, r))).cumsum(0).cumsum(1)
+    return c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]
+
+
+@dataclass
+class _Ctx:
+    ink: np.ndarray
+    line_h: float  # median line height on the page
+    min_gap: float  # narrowest vertical gap that separates columns or cells
+
+
+def _bands(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int, min_h: int) -> list[tuple[int, int]]:
+    """Rows with ink in the block, merged across gaps smaller than min_h (i-dots, accents)."""
+    rows = ink[y0:y1, x0:x1].any(axis=1)
+    starts, ends = _runs(rows)
+    bands: list[list[int]] = []
+    for s, e in zip(starts, ends):
+        if bands and s - bands[-1][1] < min_h:
+            bands[-1][1] = e
+        else:
+            bands.append([s, e])
+    return [(y0 + s, y0 + e) for s, e in bands]
+
+
+def _gaps(cols: np.ndarray, min_gap: float) -> list[tuple[int, int]]:
+    """Runs of empty columns at least min_gap wide, not touching either edge."""
+    starts, ends = _runs(~cols)
+    return [(s, e) for s, e in zip(starts, ends) if e - s >= min_gap and s > 0 and e < cols.size]
+
+
+def _line_height(ink: np.ndarray) -> float:
+    """The ink-weighted median height of the page's row bands (specks and rules weigh nothing)."""
+    starts, ends = _runs(ink.any(axis=1))
+    if not starts.size:
+        return 0.0
+    weight = np.array([ink[s:e].sum() for s, e in zip(starts, ends)], np.float64)
+    order = np.argsort(ends - starts)
+    cum = np.cumsum(weight[order])
+    return float((ends - starts)[order][np.searchsorted(cum, cum[-1] / 2)])
+
+
+def segment(grey: np.ndarray) -> tuple[list[Region], np.ndarray]:
+    """Text regions of a grey page [H, W] uint8 in reading order, and the page with its rules
+    painted over in the paper's tone (what line crops are cut from)."""
+    ink, rules = ink_mask(grey)
+    clean = grey.copy()
+    if rules.any():
+        clean[rules] = int(np.median(grey[~ink & ~rules])) if (~ink & ~rules).any() else 255
+    if not ink.any():
+        return [], clean
+    line_h = _line_height(ink)
+    ctx = _Ctx(ink, line_h, max(3.0, 1.2 * line_h))
+    ys, xs = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    out: list[Region] = []
+    _block(ctx, int(ys[0]), int(ys[-1]) + 1, int(xs[0]), int(xs[-1]) + 1, out)
+    return out, clean
+
+
+def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> None:
+    ink = ctx.ink
+    # Columns first: a wide gap running through the whole block, with running text either side.
+    cols = ink[y0:y1, x0:x1].any(axis=0)
+    for gs, ge in sorted(_gaps(cols, 2 * ctx.min_gap), key=lambda g: g[0] - g[1]):
+        left, right = (x0, x0 + gs), (x0 + ge, x1)
+        if all(_is_text_column(ctx, y0, y1, a, b) for a, b in (left, right)):
+            for a, b in (left, right):
+                _shrink_and_recurse(ctx, y0, y1, a, b, out)
+            return
+    # Then paragraphs: horizontal gaps clearly wider than the line spacing split blocks.
+    bands = _bands(ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
+    bands = [b for band in bands for b in _split_tall(ctx, band, x0, x1)]
+    block = out[-1].block + 1 if out else 0
+    prev_end = None
+    for row, (b0, b1) in enumerate(bands):
+        if prev_end is not None and b0 - prev_end > 1.2 * ctx.line_h:
+            block += 1
+        prev_end = b1
+        for c0, c1 in _cells(ctx, b0, b1, x0, x1):
+            box = _tight(ctx, b0, b1, c0, c1)
+            if box is not None:
+                out.append(Region(box, block, row))
+
+
+def _shrink_and_recurse(ctx, y0, y1, x0, x1, out) -> None:
+    sub = ctx.ink[y0:y1, x0:x1]
+    ys, xs = np.flatnonzero(sub.any(axis=1)), np.flatnonzero(sub.any(axis=0))
+    if ys.size:
+        _block(ctx, y0 + int(ys[0]), y0 + int(ys[-1]) + 1, x0 + int(xs[0]), x0 + int(xs[-1]) + 1, out)
+
+
+def _is_text_column(ctx: _Ctx, y0, y1, x0, x1) -> bool:
+    """At least two lines, most of them long (running text, not table cells)."""
+    bands = _bands(ctx.ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
+    if len(bands) < 2:
+        return False
+    widths = []
+    for b0, b1 in bands:
+        xs = np.flatnonzero(ctx.ink[b0:b1, x0:x1].any(axis=0))
+        widths.append(xs[-1] - xs[0] + 1 if xs.size else 0)
+    return float(np.median(widths)) >= 6 * ctx.line_h
+
+
+def _split_tall(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int) -> list[tuple[int, int]]:
+    """A band taller than ~1.7 lines is two touching lines: cut at the emptiest row near a valley."""
+    b0, b1 = band
+    h = b1 - b0
+    if ctx.line_h <= 0 or h < 1.7 * ctx.line_h:
+        return [band]
+    profile = ctx.ink[b0:b1, x0:x1].sum(axis=1).astype(np.float64)
+    lo, hi = int(0.6 * ctx.line_h), h - int(0.6 * ctx.line_h)
+    if hi <= lo:
+        return [band]
+    cut = lo + int(np.argmin(profile[lo:hi]))
+    if profile[cut] > 0.15 * np.median(profile[profile > 0]):
+        return [band]  # no valley: one tall line (a heading)
+    return _split_tall(ctx, (b0, b0 + cut), x0, x1) + _split_tall(ctx, (b0 + cut, b1), x0, x1)
+
+
+def _cells(ctx: _Ctx, b0: int, b1: int, x0: int, x1: int) -> list[tuple[int, int]]:
+    """A band's ink cut at gaps wider than ~1.2 line heights (table cells, separated items)."""
+    cols = ctx.ink[b0:b1, x0:x1].any(axis=0)
+    height = b1 - b0
+    edges, start = [], 0
+    for gs, ge in _gaps(cols, max(ctx.min_gap, 1.2 * height)):
+        edges.append((start, gs))
+        start = ge
+    edges.append((start, cols.size))
+    return [(x0 + a, x0 + b) for a, b in edges if cols[a:b].any()]
+
+
+def _tight(ctx: _Ctx, b0, b1, c0, c1):
+    sub = ctx.ink[b0:b1, c0:c1]
+    n = int(sub.sum())
+    ys, xs = np.flatnonzero(sub.any(axis=1)), np.flatnonzero(sub.any(axis=0))
+    h = int(ys[-1] - ys[0] + 1) if ys.size else 0
+    if h < max(3, 0.3 * ctx.line_h) or n < 0.5 * h:  # specks and dust
+        return None
+    return c0 + int(xs[0]), b0 + int(ys[0]), c0 + int(xs[-1]) + 1, b0 + int(ys[-1]) + 1
+
+
+def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int
+               ) -> list[Image.Image]:
+    """The crop of a region, padded like the reader's training crops and scaled to `height`; a line
+    wider than max_width is cut at its widest word gap near the middle (recursively)."""
+    x0, y0, x1, y1 = box
+    h = y1 - y0
+    pad_y, pad_x = max(1, round(0.15 * h)), max(2, round(0.3 * h))
+    H, W = grey.shape
+    crop = grey[max(0, y0 - pad_y): min(H, y1 + pad_y), max(0, x0 - pad_x): min(W, x1 + pad_x)]
+    scale = height / crop.shape[0]
+    width = -(-max(2 * patch, round(crop.shape[1] * scale)) // patch) * patch
+    if width > max_width and x1 - x0 > 2 * h:
+        cols = (grey[y0:y1, x0:x1] < otsu(grey[y0:y1, x0:x1])).any(axis=0)
+        gaps = _gaps(cols, max(2, 0.25 * h)) or [((x1 - x0) // 2, (x1 - x0) // 2)]
+        mid = (x1 - x0) / 2
+        gs, ge = min(gaps, key=lambda g: abs((g[0] + g[1]) / 2 - mid))
+        return (line_images(grey, (x0, y0, x0 + gs, y1), height, patch, max_width)
+                + line_images(grey, (x0 + ge, y0, x1, y1), height, patch, max_width))
+    img = Image.fromarray(np.ascontiguousarray(crop)).resize((min(width, max_width), height), Image.BICUBIC)
+    return [img]
+
+
+def blocks(regions: list[Region]) -> list[Region]:
+    """One region per block: the union of its lines' boxes, in the same reading order."""
+    out: dict[int, list[int]] = {}
+    for r in regions:
+        b = out.setdefault(r.block, list(r.box))
+        b[:] = [min(b[0], r.box[0]), min(b[1], r.box[1]), max(b[2], r.box[2]), max(b[3], r.box[3])]
+    return [Region(tuple(box), block, 0) for block, box in out.items()]
+
+
+def block_image(page: Image.Image, box: tuple[int, int, int, int]) -> Image.Image:
+    """A block's crop of the page, padded by a little paper, for readers of whole blocks."""
+    x0, y0, x1, y1 = box
+    pad = max(4, round(0.02 * max(page.size)))
+    return page.crop((max(0, x0 - pad), max(0, y0 - pad), min(page.width, x1 + pad), min(page.height, y1 + pad)))

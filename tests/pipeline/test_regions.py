@@ -1,0 +1,124 @@
+"""Pages read as regions: SegmentedEngine over a stub engine, alone and through run_pipeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from pantheon_ocr.engine.sampling import SamplingOptions
+from pantheon_ocr.pipeline.inputs import make_document
+from pantheon_ocr.pipeline.regions import SegmentedEngine, for_options, join_regions
+from pantheon_ocr.pipeline.run import run_pipeline
+from pantheon_ocr.pipeline.segment import Region
+from pantheon_ocr.pipeline.types import PipelineOptions
+
+FONT = ImageFont.load_default(size=28)
+
+
+class StubSeq:
+    """Finishes after `steps` decode steps; its text says the size of the image it was given
+    (width in 28-px tokens x height in px)."""
+
+    def __init__(self, size, max_tokens, steps=2):
+        self.size, self.max_tokens, self.left = size, max_tokens, steps
+        self.n_tokens, self.finished, self.finish_reason = 0, False, None
+
+    def text(self):
+        return f"{self.size[0]}x{self.size[1]}"
+
+
+class StubEngine:
+    """A line reader: 28-px lines, pages rendered at 2200 px, 14-px patches."""
+
+    longest_edge, page_edge, line_height, patch_size, segment = 1400, 2200, 28, 14, "lines"
+
+    def __init__(self):
+        self.batches = []
+
+    def vision(self, image):
+        return np.zeros((image.width // 28, image.height), np.float32)  # [M, "features"]
+
+    def prefill(self, features, sampling):
+        if self.segment == "lines":
+            assert sampling.max_tokens <= 4 * features.shape[0] + 16  # a line's token budget
+        return StubSeq(features.shape, sampling.max_tokens)
+
+    def decode_step(self, seqs):
+        self.batches.append(len(seqs))
+        for s in seqs:
+            s.left -= 1
+            s.n_tokens += 1
+            if s.left <= 0:
+                s.finished, s.finish_reason = True, "eos"
+
+
+def page_image(lines):
+    img = Image.new("RGB", (1700, 2200), "white")
+    d = ImageDraw.Draw(img)
+    for x, y, text in lines:
+        d.text((x, y), text, font=FONT, fill="black")
+    return img
+
+
+def read(engine, image):
+    group = engine.prefill(engine.vision(image), SamplingOptions(max_tokens=4096))
+    while not group.finished:
+        engine.decode_step([group])
+    return group
+
+
+def test_join_regions_spaces_rows_and_blocks():
+    regions = [Region((0, 0, 1, 1), 0, 0), Region((0, 0, 1, 1), 1, 1), Region((0, 0, 1, 1), 1, 1),
+               Region((0, 0, 1, 1), 1, 2), Region((0, 0, 1, 1), 2, 3)]
+    assert join_regions(regions, ["Title", "North", "1,200", "South", "end"]) == "Title\n\nNorth 1,200\nSouth\n\nend"
+
+
+def test_lines_are_read_in_order_and_batched_together():
+    lines = [(100, 200, "a"), (100, 260, "aaaaaa"), (100, 320, "aaaaaaaaaaaa")]
+    stub = StubEngine()
+    group = read(SegmentedEngine(stub, "lines"), page_image(lines))
+    widths = [int(t.split("x")[0]) for t in group.text().split()]
+    assert len(widths) == 3 and widths == sorted(widths) and widths[0] < widths[-1]
+    assert all(t.endswith("x28") for t in group.text().split())
+    assert stub.batches[0] == 3  # all the page's lines in one decode step
+    assert group.finish_reason == "eos" and group.n_tokens == 6
+
+
+def test_blank_page_reads_empty():
+    group = read(SegmentedEngine(StubEngine(), "lines"), Image.new("RGB", (800, 1000), "white"))
+    assert group.finished and group.text() == "" and group.finish_reason == "blank"
+
+
+def test_blocks_mode_reads_one_region_per_paragraph():
+    lines = [(100, 200, "first block line one"), (100, 245, "first block line two"), (100, 600, "second block")]
+    stub = StubEngine()
+    stub.segment = "blocks"
+    group = read(SegmentedEngine(stub, "blocks"), page_image(lines))
+    texts = group.text().split("\n\n")
+    assert len(texts) == 2
+    assert int(texts[0].split("x")[1]) > int(texts[1].split("x")[1])  # two lines are taller than one
+
+
+def test_model_default_and_override():
+    stub = StubEngine()
+    assert isinstance(for_options(stub, None), SegmentedEngine)
+    assert for_options(stub, "page") is stub
+    stub.segment = "page"
+    assert for_options(stub, None) is stub
+    with pytest.raises(ValueError):
+        SegmentedEngine(stub, "words")
+
+
+def test_pipeline_writes_the_page_text_in_reading_order(tmp_path: Path):
+    lines = [(100, 200, "a"), (100, 260, "aaaaaa"), (100, 600, "aaaaaaaaaaaa")]
+    src = tmp_path / "page.png"
+    page_image(lines).save(src)
+    options = PipelineOptions(out_dir=tmp_path / "out", formats=("md", "jsonl"), render_workers=1)
+    summary = run_pipeline([make_document(src)], StubEngine(), options, start_method="spawn")
+    assert summary.exit_code == 0
+    md = (tmp_path / "out" / "page.md").read_text()
+    body = [ln for ln in md.splitlines() if ln and not ln.startswith("<!--")]
+    assert len(body) == 3 and all(ln.endswith("x28") for ln in body)

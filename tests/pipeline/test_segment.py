@@ -1,0 +1,93 @@
+"""Page segmentation: regions in reading order, rules and dust ignored, blank pages empty."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from pantheon_ocr.pipeline.segment import line_images, segment
+
+FONT = ImageFont.load_default(size=28)
+
+
+def page(lines: list[tuple[int, int, str]], size=(1700, 2200), rules=(), specks=0, seed=0) -> np.ndarray:
+    """A grey page with text at (x, y), optional rules ((x0, y0, x1, y1) lines) and dust specks."""
+    img = Image.new("L", size, 250)
+    d = ImageDraw.Draw(img)
+    for x, y, text in lines:
+        d.text((x, y), text, font=FONT, fill=20)
+    for r in rules:
+        d.line(r, fill=30, width=3)
+    a = np.asarray(img).copy()
+    rng = np.random.default_rng(seed)
+    for _ in range(specks):
+        y, x = rng.integers(0, size[1] - 3), rng.integers(0, size[0] - 3)
+        a[y: y + 2, x: x + 2] = 40
+    return a
+
+
+def texts_in_order(regions, lines):
+    """Map each region back to the line whose box contains its centre."""
+    out = []
+    for r in regions:
+        cx, cy = (r.box[0] + r.box[2]) / 2, (r.box[1] + r.box[3]) / 2
+        hit = [t for x, y, t in lines if x - 5 <= cx <= x + 28 * len(t) and y - 5 <= cy <= y + 40]
+        out.append(hit[0] if hit else None)
+    return out
+
+
+def test_blank_pages_have_no_regions():
+    for grey in (np.full((800, 600), 255, np.uint8), np.full((800, 600), 128, np.uint8), np.zeros((800, 600), np.uint8)):
+        regions, _ = segment(grey)
+        assert regions == []
+
+
+def test_lines_top_to_bottom_and_blocks_at_paragraph_gaps():
+    lines = [(150, 200, "A heading line"), (150, 300, "first paragraph, line one"), (150, 345, "first paragraph, line two"),
+             (150, 500, "second paragraph after a gap")]
+    regions, _ = segment(page(lines))
+    assert texts_in_order(regions, lines) == [t for _, _, t in lines]
+    blocks = [r.block for r in regions]
+    assert blocks[1] == blocks[2] and blocks[0] < blocks[1] < blocks[3]
+
+
+def test_two_text_columns_are_read_column_by_column():
+    left = [(100, 300 + 45 * i, f"left column running text {i}") for i in range(5)]
+    right = [(900, 300 + 45 * i, f"right column running text {i}") for i in range(5)]
+    regions, _ = segment(page(left + right))
+    assert texts_in_order(regions, left + right) == [t for _, _, t in left + right]
+
+
+def test_table_cells_are_read_row_by_row_and_rules_are_removed():
+    rows = [["Region", "Q1", "Q2"], ["North", "1,200", "1,380"], ["South", "950", "990"]]
+    lines = [(110 + 400 * c, 310 + 80 * r, cell) for r, row in enumerate(rows) for c, cell in enumerate(row)]
+    rules = [(100, 300 + 80 * r, 1300, 300 + 80 * r) for r in range(4)] + [(100 + 400 * c, 300, 100 + 400 * c, 540) for c in range(4)]
+    grey = page(lines, rules=rules)
+    regions, clean = segment(grey)
+    assert texts_in_order(regions, lines) == [t for _, _, t in lines]
+    assert [r.row for r in regions] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert (clean[300, 100:1300] > 200).all()  # the rule is painted over in the paper's tone
+    assert (grey[300, 100:1300] < 100).all()
+
+
+def test_dust_makes_no_regions():
+    lines = [(150, 300, "only this line has text")]
+    regions, _ = segment(page(lines, specks=400))
+    assert texts_in_order(regions, lines) == ["only this line has text"]
+
+
+def test_line_images_are_line_height_and_patch_multiples():
+    lines = [(150, 300, "a line of text"), (150, 400, "x" * 120)]
+    grey = page(lines, size=(4000, 800))
+    regions, clean = segment(grey)
+    images = [im for r in regions for im in line_images(clean, r.box, 28, 14, 1400)]
+    assert len(images) >= 3  # the long line is cut to fit 1400 px
+    for im in images:
+        assert im.height == 28 and im.width % 14 == 0 and 28 <= im.width <= 1400
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5000), (5000, 3)])
+def test_degenerate_pages(shape):
+    regions, _ = segment(np.full(shape, 255, np.uint8))
+    assert regions == []

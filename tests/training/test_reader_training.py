@@ -1,0 +1,107 @@
+"""The reader's training code: data is reproducible, and the torch model exports to a GGUF pair
+that our engine runs with the same numbers (and that reads back into torch unchanged)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("matplotlib")  # the training faces ship in matplotlib's wheel
+
+from pantheon_ocr.engine import load_vlm  # noqa: E402
+from training.charset import CHARSET, clean_text, ctc_targets  # noqa: E402
+from training.data import pixels  # noqa: E402
+from training.export import export  # noqa: E402
+from training.fonts import HELDOUT, faces  # noqa: E402
+from training.gguf_import import load_pair  # noqa: E402
+from training.lines import draw_line  # noqa: E402
+from training.model import Reader, ReaderConfig  # noqa: E402
+from training.pages import make_page  # noqa: E402
+from training.steps import Prompt, sequences  # noqa: E402
+from training.tokenizer import train_vocab  # noqa: E402
+
+TINY = ReaderConfig(v_dim=64, v_layers=2, v_heads=4, v_ff=96, dim=64, layers=2, heads=4, kv_heads=2, head_dim=16,
+                    ff=96, vocab=512)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return train_vocab(512, n_synthetic=2000)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = Reader(TINY)
+    with torch.no_grad():  # weights large enough that every stage matters
+        for p in m.parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if p.ndim == 1 else torch.randn_like(p) / p[0].numel() ** 0.5)
+    return m.eval()
+
+
+def test_clean_text_keeps_the_charset_only():
+    assert clean_text("caf\u00e9\u00a0\u2212 1\u20092 \u4e2d x") == "café - 1 2 x"
+    assert all(c in CHARSET for c in clean_text("".join(map(chr, range(0x20, 0x3000)))))
+    assert ctc_targets("ab") == [ctc_targets("a")[0], ctc_targets("b")[0]] and 0 not in ctc_targets("a b")
+
+
+def test_lines_are_reproducible_and_shaped_for_the_reader():
+    a = draw_line(np.random.default_rng([5, 1]), "train", 28, 1400)
+    b = draw_line(np.random.default_rng([5, 1]), "train", 28, 1400)
+    assert a.text == b.text and a.face == b.face and np.array_equal(a.image, b.image)
+    for i in range(20):
+        line = draw_line(np.random.default_rng([6, i]), "heldout", 28, 1400)
+        assert line.image.dtype == np.uint8 and line.image.shape[0] == 28
+        assert line.image.shape[1] % 14 == 0 and 28 <= line.image.shape[1] <= 1400
+        assert line.face in HELDOUT and line.text
+
+
+def test_held_out_faces_are_never_trained_on():
+    train, held = {f.name for f in faces("train")}, {f.name for f in faces("heldout")}
+    assert held == set(HELDOUT) and not train & held and len(train) >= 20
+
+
+def test_synthetic_page_is_a_pdf_with_its_text():
+    import pypdfium2 as pdfium
+
+    data, truth = make_page(np.random.default_rng(3))
+    pdf = pdfium.PdfDocument(data)
+    layer = pdf[0].get_textpage().get_text_range()
+    assert len(pdf) == 1 and truth.splitlines()[0].split()[0] in layer
+    assert len(truth.splitlines()) > 10
+
+
+def test_export_runs_in_the_engine_with_the_same_numbers(tmp_path, model, vocab):
+    text_path, mmproj_path = export(model, vocab, tmp_path, f16=False)
+    vlm = load_vlm(text_path, mmproj_path, weights="f32")
+    assert vlm.vision_config.segment == "lines" and vlm.vision_config.line_height == 28
+    line = draw_line(np.random.default_rng(11), "heldout", 28, 1400)
+    x, widths = pixels([line.image])
+    with torch.no_grad():
+        tokens = model.image_tokens(x, widths)
+    ours = vlm.encode_image(vlm.preprocess(line.image))
+    theirs = tokens[0, :, : int(widths[0]) // 2].reshape(-1, TINY.dim).numpy()
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+    prompt = Prompt(vocab)
+    ids = vocab.encode(line.text)
+    assert vlm.tokenizer.encode(line.text) == ids  # the GGUF tokenizer is the trained one
+    embeds, lengths, _ = sequences(model, prompt, tokens, widths, [ids])
+    with torch.no_grad():
+        want = model.decoder(embeds, lengths)[0].numpy()
+    prompt_ids, rows = vlm.prompt_and_rows(ours)
+    state = vlm.decoder.new_state()
+    got = vlm.decoder.forward(state, prompt_ids + ids, embd_rows=rows, all_logits=True)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_gguf_pair_reads_back_into_torch_unchanged(tmp_path, model, vocab):
+    export(model, vocab, tmp_path, f16=False)
+    again, tokenizer_json = load_pair(tmp_path)
+    assert again.c == model.c
+    for (name, p), q in zip(model.named_parameters(), again.parameters()):
+        if not name.startswith("ctc_head"):
+            assert torch.equal(p, q), name
+    from tokenizers import Tokenizer
+
+    assert Tokenizer.from_str(tokenizer_json).encode("Straße 1,200 +15%").ids == vocab.encode("Straße 1,200 +15%")

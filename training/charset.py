@@ -1,0 +1,37 @@
+"""The characters the reader is trained on: the printable part of Windows-1252 (WinAnsiEncoding).
+
+That is the set a PDF's standard-14 fonts can show, and it covers English and the Western European
+languages. The CTC head (training only) has one class per character plus the blank.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+CHARS: tuple[str, ...] = tuple(
+    sorted({bytes([b]).decode("cp1252") for b in range(0x20, 0x100)
+            if b not in (0x7F, 0x81, 0x8D, 0x8F, 0x90, 0x9D, 0xA0, 0xAD)})
+)
+CHARSET = frozenset(CHARS)
+CTC_BLANK = 0  # class 0; character i is class i + 1
+CTC_INDEX = {c: i + 1 for i, c in enumerate(CHARS)}
+
+# Unicode look-alikes that appear in the sources, mapped onto the charset.
+_MAP = str.maketrans({
+    "\t": " ", "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2009": " ", "\u202f": " ",
+    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2212": "-", "\u00ad": "",
+    "\u2032": "'", "\u2033": '"', "\u2192": "->", "\u2190": "<-", "\u2264": "<=", "\u2265": ">=",
+    "\u2260": "!=",
+})
+
+
+def clean_text(text: str) -> str:
+    """NFC, look-alikes mapped, characters outside the charset dropped, whitespace collapsed."""
+    text = unicodedata.normalize("NFC", text).translate(_MAP)
+    text = "".join(c if c in CHARSET else " " if c.isspace() else "" for c in text)
+    return re.sub(r" +", " ", text).strip()
+
+
+def ctc_targets(text: str) -> list[int]:
+    return [CTC_INDEX[c] for c in text if c in CTC_INDEX]

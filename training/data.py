@@ -1,0 +1,60 @@
+"""Batches of rendered lines, generated on the fly in worker processes, reproducible from a seed.
+
+Sample k of stream s is a pure function of (seed, s, k); a resumed run starts new streams, so it
+sees new samples. Each worker draws a pool of lines, sorts it by width and cuts it into batches,
+so a batch of 28-px lines is padded to similar widths (padding costs compute, not correctness).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .charset import ctc_targets
+from .lines import Line, draw_line
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def pixels(images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 grey [H, W_i] -> normalised RGB float [B, 3, H, Wmax] (padded white), widths in patches."""
+    h = images[0].shape[0]
+    wmax = max(im.shape[1] for im in images)
+    out = np.full((len(images), h, wmax), 255, np.uint8)
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[1]] = im
+    x = torch.from_numpy(out).float().div_(255)[:, None]  # [B, 1, H, W]
+    mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+    widths = torch.tensor([im.shape[1] // 14 for im in images])
+    return (x - mean) / std, widths
+
+
+class LineStream(IterableDataset):
+    def __init__(self, seed: int, batch: int, line_height: int, max_width: int, encode, pool: int = 8):
+        self.seed, self.batch, self.h, self.w, self.encode, self.pool = seed, batch, line_height, max_width, encode, pool
+
+    def __iter__(self):
+        info = get_worker_info()
+        stream = info.id if info else 0
+        for k in itertools.count():
+            rng = np.random.default_rng([self.seed, stream, k])
+            lines = [draw_line(rng, "train", self.h, self.w) for _ in range(self.batch * self.pool)]
+            lines.sort(key=lambda ln: ln.image.shape[1])
+            batches = [lines[i: i + self.batch] for i in range(0, len(lines), self.batch)]
+            for j in rng.permutation(len(batches)):
+                yield self.collate(batches[j])
+
+    def collate(self, lines: list[Line]) -> dict:
+        x, widths = pixels([ln.image for ln in lines])
+        return {
+            "pixels": x,
+            "widths": widths,
+            "texts": [ln.text for ln in lines],
+            "ids": [self.encode(ln.text) for ln in lines],
+            "ctc": [ctc_targets(ln.text) for ln in lines],
+        }

@@ -1,0 +1,36 @@
+"""Lines to train and evaluate on: a text, a face and a rendered crop, drawn from one generator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .fonts import faces
+from .render import line_sample
+from .texts import sample_text
+
+
+@dataclass
+class Line:
+    image: np.ndarray  # uint8 [H, W], W a multiple of 14
+    text: str
+    face: str
+
+
+def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None) -> Line:
+    """A line of `split` text in a face of `face_split` (default: the same split)."""
+    fs = faces(face_split or split)
+    while True:
+        face = fs[rng.integers(len(fs))]
+        text = sample_text(rng, split)
+        img = line_sample(text, face, rng, line_height, max_width, neighbour=sample_text(rng, split))
+        if img is not None:
+            return Line(img, text, face.name)
+
+
+def fixed_set(n: int, split: str, seed: int, line_height: int, max_width: int, face_split: str | None = None) -> list[Line]:
+    """The same n lines on every machine: an evaluation set."""
+    return [draw_line(np.random.default_rng([seed, i]), split, line_height, max_width, face_split) for i in range(n)]
+
+

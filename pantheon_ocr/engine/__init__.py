@@ -1,4 +1,5 @@
-"""The numpy GGUF inference engine. Importing it loads nothing heavy; these do:
+"""The numpy GGUF inference engine. Importing it loads nothing heavy; loading a model does
+(engine/loader.py is where paths become models and engines):
 
     load_model(path, weights)            a decoder GGUF -> TextModel (.decoder, .tokenizer, .generate)
     load_vlm(text, mmproj, weights)      a LightOnOCR pair -> the model (vision tower, projector, decoder)
@@ -9,24 +10,9 @@ It imports nothing from the rest of pantheon_ocr but `errors`.
 
 from __future__ import annotations
 
-from pathlib import Path
+from .loader import load_model, load_vlm
 
-
-def load_model(path: str | Path, weights: str = "quantized"):
-    """A decoder GGUF ready to run (text_model.TextModel); weights: "quantized" or "f32"."""
-    from .text_model import TextModel
-    from .weights import STORAGE_MODES
-
-    if weights not in STORAGE_MODES:
-        raise ValueError(f"weights must be one of {STORAGE_MODES}, not {weights!r}")
-    return TextModel(path, weights)
-
-
-def load_vlm(model_path: str | Path, mmproj_path: str | Path, weights: str = "quantized"):
-    """A LightOnOCR text GGUF + mmproj GGUF pair (models.lightonocr.LightOnOCR)."""
-    from .models.lightonocr import LightOnOCR
-
-    return LightOnOCR(model_path, mmproj_path, weights)
+__all__ = ["TextModel", "load_model", "load_vlm"]
 
 
 def __getattr__(name: str):

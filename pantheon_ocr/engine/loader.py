@@ -1,8 +1,10 @@
-"""Paths -> a ready page engine: the one place that does it, for the command line, archive jobs,
+"""Paths -> a ready engine: the one place that does it, for the command line, archive jobs,
 benchmarks, scripts and Ray workers.
 
     text, mmproj = resolve_model(model, mmproj)       # --model/--mmproj -> the two GGUF files
     engine, notes = load_page_engine(EngineOptions(text, mmproj, weights="f32"))
+    model = load_model(path)                          # a decoder GGUF on its own (TextModel)
+    vlm = load_vlm(text, mmproj)                      # the LightOnOCR model itself
 
 Nothing here prints: what a person should know about the engine (a tiny test model, what the
 `auto` vision backend chose) comes back as `notes`, one sentence each, for the caller to show.
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .weights import Storage
+
+if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
+    from .weights import Storage
 
 NO_MODEL = ("no model given: pass --model TEXT.gguf --mmproj MMPROJ.gguf (a LightOnOCR GGUF pair, "
             "e.g. made by llama.cpp's convert_hf_to_gguf.py) or --model DIR holding both; "
@@ -72,10 +77,26 @@ class EngineOptions:
     ignore_eos: bool = False
 
 
+def load_model(path: str | Path, weights: Storage = "quantized"):
+    """A decoder GGUF ready to run (text_model.TextModel); weights: "quantized" or "f32"."""
+    from .text_model import TextModel
+    from .weights import STORAGE_MODES
+
+    if weights not in STORAGE_MODES:
+        raise ValueError(f"weights must be one of {STORAGE_MODES}, not {weights!r}")
+    return TextModel(path, weights)
+
+
+def load_vlm(model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized"):
+    """A LightOnOCR text GGUF + mmproj GGUF pair (models.lightonocr.LightOnOCR)."""
+    from .models.lightonocr import LightOnOCR
+
+    return LightOnOCR(model_path, mmproj_path, weights)
+
+
 def load_page_engine(options: EngineOptions):
     """The ready OCREngine for `options`, and notes for the user. A choice that cannot run here
     (a missing extra, no such device) fails before the model is loaded."""
-    from . import load_vlm
     from .page_engine import OCREngine
 
     o = options

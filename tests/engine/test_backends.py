@@ -19,7 +19,8 @@ SAMPLE_PDF = str(LIGHTONOCR_DIR.parent.parent.parent / "samples" / "docs" / "tex
 
 def test_importing_the_package_imports_no_accelerator_library():
     code = ("import sys, pantheon_ocr.engine.backends, pantheon_ocr.engine.backends.buckets, "
-            "pantheon_ocr.engine.backends.device, pantheon_ocr.engine.page_engine, pantheon_ocr.commands.transcribe; "
+            "pantheon_ocr.engine.backends.device, pantheon_ocr.engine.page_engine, pantheon_ocr.engine.loader, "
+            "pantheon_ocr.commands.transcribe; "
             "bad = [m for m in ('torch', 'coremltools') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -21,10 +21,18 @@ from ..errors import UsageError
 if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
     from .weights import Storage
 
-NO_MODEL = ("no model given: pass --model TEXT.gguf --mmproj MMPROJ.gguf (a LightOnOCR GGUF pair, "
-            "e.g. made by llama.cpp's convert_hf_to_gguf.py) or --model DIR holding both; "
-            "samples/tiny-model/ is a random-weight demo whose text is meaningless")
-TINY_BYTES = 50_000_000  # decoder weights below this cannot be a real OCR model
+NO_MODEL = ("no model given and this install has no bundled reader: pass --model TEXT.gguf --mmproj MMPROJ.gguf "
+            "(a LightOnOCR GGUF pair, e.g. made by llama.cpp's convert_hf_to_gguf.py) or --model DIR holding both")
+TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
+# The reader that ships inside the package (trained by training/, see its MODEL_CARD.md): what
+# runs when no model is named.
+BUNDLED = Path(__file__).resolve().parent.parent / "bundled" / "reader"
+
+
+def bundled_reader() -> tuple[Path, Path] | None:
+    """(text GGUF, mmproj GGUF) of the bundled reader, or None if this install lacks it."""
+    text, mmproj = BUNDLED / "pantheon-reader.gguf", BUNDLED / "mmproj-pantheon-reader.gguf"
+    return (text, mmproj) if text.is_file() and mmproj.is_file() else None
 
 
 def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
@@ -40,6 +48,8 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
         return UsageError(f"{where}: {problem}" if where else problem)
 
     if model is None:
+        if mmproj is None and bundled_reader() is not None:
+            return bundled_reader()
         if names == ("--model", "--mmproj"):
             raise bad(NO_MODEL)
         raise bad(f"{model_name}: required to run pages (a text GGUF, or a folder with the text and mmproj GGUFs)")
@@ -119,7 +129,9 @@ def load_page_engine(options: EngineOptions):
     vlm = load_vlm(o.model, o.mmproj, weights=o.weights)
     notes = []
     n_bytes = sum(t.n_bytes for t in vlm.text.gguf.tensors.values())
-    if n_bytes < TINY_BYTES:
+    # Reading a whole page takes a big model; one this small that claims to is a test model.
+    # (A reader of lines, like the bundled one, is small by design.)
+    if n_bytes < TINY_BYTES and vlm.vision_config.segment == "page":
         notes.append(f"{Path(o.model).name} is a tiny test model ({n_bytes / 1e6:.0f} MB of weights): its text is "
                      "meaningless; point --model/--mmproj at LightOnOCR GGUF files for real OCR")
     if o.vision_layers:

@@ -43,7 +43,12 @@ class LineStream(IterableDataset):
         stream = info.id if info else 0
         for k in itertools.count():
             rng = np.random.default_rng([self.seed, stream, k])
-            lines = [draw_line(rng, "train", self.h, self.w) for _ in range(self.batch * self.pool)]
+            lines = []
+            while len(lines) < self.batch * self.pool:
+                try:
+                    lines.append(draw_line(rng, "train", self.h, self.w))
+                except Exception as e:  # noqa: BLE001 - a rendering bug costs one sample, not the run
+                    print(f"warning: a sample of stream {stream} batch {k} failed: {type(e).__name__}: {e}", flush=True)
             lines.sort(key=lambda ln: ln.image.shape[1])
             batches = [lines[i: i + self.batch] for i in range(0, len(lines), self.batch)]
             for j in rng.permutation(len(batches)):

@@ -127,7 +127,7 @@ def line_sample(text: str, face: Face, rng: np.random.Generator, line_height: in
         obox = _ink_box(other)
         if obox is not None:
             o = other[obox[0]: obox[1], obox[2]: obox[3]]
-            peek = int(rng.integers(1, max(2, int(0.2 * canvas.shape[0]))))
+            peek = min(int(rng.integers(1, max(2, int(0.2 * canvas.shape[0])))), o.shape[0])
             w = min(o.shape[1], canvas.shape[1])
             if rng.random() < 0.5:
                 canvas[:peek, :w] = np.maximum(canvas[:peek, :w], o[-peek:, :w])

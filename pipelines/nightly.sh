@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nightly archive run for cron or a systemd timer: one job file, a dated log, the exit code
-# passed on (0 ok, 1 some pages failed, 2 bad job file or already running, 3 bad model,
-# 4 inputs unreadable, 130 stopped). A run that finds its job still running from the night
-# before is refused (exit 2) and says so; the state resumes whatever a killed run left.
+# passed on (0 ok, 1 some pages failed, 2 bad job file, 3 bad model, 4 inputs unreadable,
+# 75 still running from the night before, 130 stopped). A run that finds its job still running
+# is refused and says so; the state resumes whatever a killed run left.
 #
 #   crontab:  15 2 * * *  /opt/pantheon-ocr/pipelines/nightly.sh /data/jobs/scans.toml
 #   Ray:      nightly.sh /data/jobs/scans.toml --ray auto

@@ -1,4 +1,4 @@
-"""Run the LightOnOCR benchmark suite behind README's "## Benchmarks" tables, one after the other.
+"""Run the LightOnOCR benchmark suite behind the tables of docs/benchmarks.md, one after the other.
 
     python scripts/bench_lightonocr.py [--out bench-results] [--models-dir /tmp/lightonocr-random]
                                        [--only prefill,vision,decode,pipeline,threads,configs,generate]
@@ -7,8 +7,8 @@ Writes the random-weight LightOnOCR-1B pair with scripts/make_random_lightonocr.
 there yet, then runs the `pantheon-ocr bench ...` commands below (text table -> OUT/NAME.txt,
 rows -> OUT/NAME.json). Nothing here is timed against a threshold; the figures depend on the
 machine and on whatever else runs on it (each table header prints the load average).
-The settings are those quoted in the README; the reduced ones (fewer layers, smaller pages, few
-generated tokens) are there to fit a shared 2-core machine and say so in the README.
+The settings are those quoted in docs/benchmarks.md; the reduced ones (fewer layers, smaller pages,
+few generated tokens) are there to fit a 2-core machine, and the document says so.
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ def main(argv=None) -> int:
     m = ["--model", str(text), "--mmproj", str(mmproj)]
     small = ["--vision-layers", "4", "--ignore-eos"]
     runs = {
-        # issue 3: one Letter page at 1540 px; first layers only, full depth estimated
+        # one Letter page at 1540 px; first layers only, full depth estimated
         "prefill": ["ocr", *m, "--stage", "prefill", "--text-layers", "4", "--threads", "1,2", "--q-block", "32,256"],
         "vision": ["ocr", *m, "--stage", "vision", "--vision-layers", "2", "--threads", "1,2"],
-        # issue 4: forward_batch alone, decode tok/s against B
+        # forward_batch alone, decode tok/s against B
         "decode": ["decode", "--model", str(text), "--weights", "f32,quantized", "--batch-size", "1,4,8,16,32",
                    "--context", "256", "--steps", "7", "--threads", "1,2"],
-        # issue 4: the pipeline, B x overlap: 224 px pages, 4 vision layers, 32 tokens per page
+        # the pipeline, B x overlap: 224 px pages, 4 vision layers, 32 tokens per page
         "pipeline": ["pages", *m, "--synthetic", "32", "--longest-edge", "224", *small, "--max-tokens", "32",
                      "--batch-size", "1,4,8,16,32", "--overlap", "on,off", "--threads", "1",
                      "--pages-per-config", "auto"],
-        # issue 5: configurations side by side, per page (448 px pages, 16 tokens, B = 6)
+        # configurations side by side, per page (448 px pages, 16 tokens, B = 6)
         "threads": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
                     "--batch-size", "6", "--weights", "f32", "--overlap", "on,off", "--threads", "1,2", "--repeats", "2"],
         "configs": ["pages", *m, "--synthetic", "6", "--longest-edge", "448", *small, "--max-tokens", "16",
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     from pantheon_ocr.engine.threads import blas_env
     from tests.pypi_models import qwen05b_path, smollm2_path
 
-    if "generate" in only:  # issue 2: numpy's default BLAS threads, then one thread
+    if "generate" in only:  # numpy's default BLAS threads, then one thread
         runs["generate"] = ["generate", "--model", str(smollm2_path()), "--model", str(qwen05b_path())]
         runs["generate_t1"] = runs["generate"]
     for name, args in runs.items():

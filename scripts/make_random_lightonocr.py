@@ -6,11 +6,11 @@
 writes OUT_DIR/lightonocr-1b-random-<dtype>.gguf (general.architecture = qwen3) and
 OUT_DIR/mmproj-lightonocr-1b-random-<dtype>.gguf (clip, projector lightonocr), with exactly the
 tensor names, ne orders, dtypes and metadata keys (and key value types) that llama.cpp's
-converter writes for LightOnOCR-1B (../shared/spec/gguf-layout.md §2.2-2.3; cross-checked against
-tests/fixtures/lightonocr-tiny/, which that converter wrote). The tokenizer metadata (the real
+converter writes for LightOnOCR-1B (checked against tests/fixtures/lightonocr-tiny/, which that
+converter wrote). The tokenizer metadata (the real
 151,936-entry Qwen vocabulary, merges, chat template) is copied from the tiny fixture's text.gguf.
 
-Shapes (spec/lightonocr.md): vision 24 layers, hidden 1024, 16 heads, FFN 4096, patch 14, image
+Shapes (LightOnOCR-1B's config): vision 24 layers, hidden 1024, 16 heads, FFN 4096, patch 14, image
 size 1540; projector merge 2 (4096 -> 1024 -> 1024 -> 1024); text Qwen3 28 layers, hidden 1024,
 16 query / 8 KV heads, head_dim 128, FFN 3072, vocab 151936, tied embeddings (no output.weight).
 
@@ -40,7 +40,7 @@ from gguf import GGUFValueType as V
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_TEXT = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "text.gguf"
 
-# LightOnOCR-1B (spec/lightonocr.md)
+# LightOnOCR-1B's shapes
 VISION = dict(n_embd=1024, n_ff=4096, n_layer=24, n_head=16, patch=14, image_size=1540, eps=1e-5, merge=2)
 TEXT = dict(n_embd=1024, n_ff=3072, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_vocab=151936,
             n_ctx=40960, rope_base=1e6, eps=1e-6)

@@ -2,7 +2,7 @@
 """Write the transformers reference fixtures the decoder engine tests compare against.
 
 Needs the ``ref`` extra (torch==2.13.0, transformers, accelerate) and, for the real models, the
-PyPI model packages (see spec/models.md and tests/pypi_models.py). Runs offline.
+PyPI model packages (tests/requirements-models.txt, located by tests/pypi_models.py). Runs offline.
 
     python scripts/make_reference_fixtures.py                 # everything
     python scripts/make_reference_fixtures.py --only tiny     # tiny | smollm2 | qwen05b (repeatable)

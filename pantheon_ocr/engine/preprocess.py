@@ -1,6 +1,6 @@
 """Image -> pixel values for the LightOnOCR (Pixtral) vision encoder, with Hugging Face semantics.
 
-The steps (spec/lightonocr.md "Preprocessing"):
+The steps (those of the Hugging Face Pixtral image processor):
 1. decode, apply the EXIF orientation (transformers' `load_image` does), convert to RGB with any
    alpha composited onto white (images.to_rgb, the same conversion as page rendering);
 2. if the longest side exceeds `longest_edge`: ratio = max(h, w) / longest_edge,

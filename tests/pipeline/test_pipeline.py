@@ -1,4 +1,4 @@
-"""pipeline.py with the FakeEngine: order, failures, batching, overlap, memory, Ctrl-C."""
+"""pipeline/run.py with the FakeEngine: order, failures, batching, overlap, memory, Ctrl-C."""
 
 from __future__ import annotations
 

@@ -235,8 +235,7 @@ def test_scanned_sample_renders():
 
 
 def test_samples_are_small():
-    sizes = {p.relative_to(SAMPLES).as_posix(): p.stat().st_size for p in SAMPLES.rglob("*.pdf")}
-    assert set(ms.SAMPLES) <= set(sizes)
+    sizes = {name: (SAMPLES / name).stat().st_size for name in ms.SAMPLES}  # every sample the maker writes is there
     assert max(sizes.values()) < 100_000
 
 

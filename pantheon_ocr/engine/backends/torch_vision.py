@@ -2,7 +2,7 @@
 numpy engine loaded (dequantized with Weight.dense(); no other checkpoint), and the torch
 vision backend on cpu / cuda / mps in float32, bfloat16 or float16.
 
-Same maths as models/pixtral.py + models/lightonocr.py (spec/lightonocr.md). Two choices differ
+Same maths as models/pixtral.py + models/lightonocr.py. Two choices differ
 in form only:
 - the converter's permuted vision Q/K rows (adjacent RoPE pairs) are un-permuted back to Hugging
   Face's order at build time, so RoPE is the split-half (NeoX) rotation, which needs no strided

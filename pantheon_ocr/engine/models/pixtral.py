@@ -3,7 +3,7 @@
     pixels [3, H, W] -> patch conv (one matmul) -> ln_pre -> n_layer x {attention with 2-D RoPE,
     gated SiLU FFN} -> [N, D] patch features (row-major: index = row * w + col). No final norm.
 
-Facts (spec/lightonocr.md, spec/gguf-layout.md §2.3, §3): every norm is RMSNorm; no biases in the
+Facts (transformers' Pixtral model and llama.cpp's converter): every norm is RMSNorm; no biases in the
 released models (optional biases are honoured, as clip.cpp does); attention is not causal; the
 converter permuted the Q/K rows so that HF's split-half RoPE pairs (i, i + d/2) are adjacent pairs
 (2i, 2i+1) in the GGUF, hence `apply_rope(neox=False)` with angles [row f_{2k} | col f_{2k+1}].

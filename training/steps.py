@@ -81,14 +81,15 @@ def greedy_read(model: Reader, prompt: Prompt, tokens, widths, max_tokens: int =
     b = tokens.shape[0]
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
-    for _ in range(max_tokens):
+    budget = (4 * image_token_counts(tokens, widths) + 16).tolist()  # as the pipeline caps a line
+    for _ in range(min(max_tokens, max(budget))):
         embeds, lengths, _ = sequences(model, prompt, tokens, widths, out)
         logits = model.decoder(embeds, lengths)  # [B, T, V]
         nxt = logits[torch.arange(b), lengths - 1].argmax(-1).tolist()
         for i, tok in enumerate(nxt):
             if done[i]:
                 continue
-            if tok == prompt.stop:
+            if tok == prompt.stop or len(out[i]) >= budget[i]:
                 done[i] = True
             else:
                 out[i].append(tok)

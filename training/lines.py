@@ -18,12 +18,18 @@ class Line:
     face: str
 
 
-def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None) -> Line:
-    """A line of `split` text in a face of `face_split` (default: the same split)."""
+def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None,
+              shuffle: float = 0.0) -> Line:
+    """A line of `split` text in a face of `face_split` (default: the same split); with probability
+    `shuffle` its words in random order, which no language model can guess."""
     fs = faces(face_split or split)
     while True:
         face = fs[rng.integers(len(fs))]
         text = sample_text(rng, split)
+        if shuffle and rng.random() < shuffle:
+            words = text.split(" ")
+            rng.shuffle(words)
+            text = " ".join(words)
         img = line_sample(text, face, rng, line_height, max_width, neighbour=sample_text(rng, split))
         if img is not None:
             return Line(img, text, face.name)

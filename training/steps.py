@@ -6,6 +6,7 @@ the image tokens, `<|im_end|>\\n<|im_start|>assistant\\n`, then the text and `<|
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -27,18 +28,21 @@ def image_token_counts(tokens: torch.Tensor, widths: torch.Tensor) -> torch.Tens
     return tokens.shape[1] * (widths // 2)
 
 
-def sequences(model: Reader, prompt: Prompt, tokens: torch.Tensor, widths: torch.Tensor, targets: list[list[int]]):
-    """Decoder inputs for a batch: embeds [B, T, dim], lengths [B], labels [B, T] (-100 = no loss)."""
+def sequences(model: Reader, prompt: Prompt, tokens: torch.Tensor, widths: torch.Tensor, targets: list[list[int]],
+              inputs: list[list[int]] | None = None):
+    """Decoder inputs for a batch: embeds [B, T, dim], lengths [B], labels [B, T] (-100 = no loss).
+    `inputs` (same lengths as targets) replaces the text the decoder is fed, not what it must say."""
     b = tokens.shape[0]
     m = image_token_counts(tokens, widths).tolist()
-    seqs = [prompt.prefix + [prompt.image] * m[i] + prompt.suffix + targets[i] for i in range(b)]
+    fed = inputs if inputs is not None else targets
+    seqs = [prompt.prefix + [prompt.image] * m[i] + prompt.suffix + fed[i] for i in range(b)]
     t = max(len(s) for s in seqs)
     ids = torch.zeros(b, t, dtype=torch.long)
     labels = torch.full((b, t), -100, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         start = len(prompt.prefix) + m[i] + len(prompt.suffix)  # first target token
-        labels[i, start - 1: len(s) - 1] = torch.tensor(s[start:])
+        labels[i, start - 1: len(s) - 1] = torch.tensor(targets[i])
     embeds = model.decoder.embed_tokens(ids)  # [B, T, dim]
     image_rows = torch.cat([tokens[i, :, : widths[i] // 2].reshape(-1, tokens.shape[-1]) for i in range(b)])
     embeds = embeds.masked_scatter((ids == prompt.image)[..., None], image_rows.to(embeds.dtype))
@@ -54,8 +58,17 @@ def ctc_loss(model: Reader, tokens: torch.Tensor, widths: torch.Tensor, ctc: lis
     return F.ctc_loss(logp.transpose(0, 1), targets, frames, lengths, blank=CTC_BLANK, zero_infinity=True)
 
 
-def ce_loss(model: Reader, prompt: Prompt, tokens, widths, ids: list[list[int]]) -> torch.Tensor:
-    embeds, lengths, labels = sequences(model, prompt, tokens, widths, [s + [prompt.stop] for s in ids])
+def ce_loss(model: Reader, prompt: Prompt, tokens, widths, ids: list[list[int]], corrupt: float = 0.0,
+            rng: np.random.Generator | None = None) -> torch.Tensor:
+    """Next-token cross-entropy on the text. `corrupt`: the share of fed text tokens replaced by
+    random ones, so the decoder cannot read on from its own last words and must look at the image
+    (a decoder this small otherwise settles for a language model that guesses)."""
+    targets = [s + [prompt.stop] for s in ids]
+    inputs = None
+    if corrupt:
+        n = model.c.vocab - 4  # the normal tokens (the chat control tokens are last)
+        inputs = [[int(rng.integers(n)) if rng.random() < corrupt else t for t in s] for s in targets]
+    embeds, lengths, labels = sequences(model, prompt, tokens, widths, targets, inputs)
     logits = model.decoder(embeds, lengths)
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
 

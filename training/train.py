@@ -47,6 +47,9 @@ def parse(argv):
                     help="joint: keep the vision tower frozen throughout (about twice as fast a step; the "
                          "projector and the decoder still learn)")
     ap.add_argument("--ctc-weight", type=float, default=0.3, help="joint: weight of the auxiliary CTC loss")
+    ap.add_argument("--corrupt", type=float, default=0.2,
+                    help="joint: share of fed text tokens replaced by random ones (forces reading the image)")
+    ap.add_argument("--shuffle", type=float, default=0.15, help="share of lines whose words are shuffled")
     ap.add_argument("--resume", action="store_true", help="continue RUN_DIR/last.pt (weights, optimizer, stage, step)")
     ap.add_argument("--init-gguf", type=Path, help="start from an exported pair's weights (a directory)")
     ap.add_argument("--export", type=Path, help="write the GGUF pair here at the end (default RUN_DIR/gguf)")
@@ -143,6 +146,7 @@ class Trainer:
         elif a.init_gguf:
             self.model.load_state_dict(model.state_dict(), strict=False)  # the CTC head starts fresh
         self.stage, self.step = (state["stage"], state["step"]) if state else ("ctc", 0)
+        self.rng = np.random.default_rng([a.seed, self.step, 7])  # token corruption
         self.opt = self._optimizer()
         if state is not None:
             self.opt.load_state_dict(state["opt"])
@@ -182,7 +186,7 @@ class Trainer:
                 tokens = model.image_tokens(batch["pixels"], batch["widths"])
                 l_ctc = ctc_loss(model, tokens, batch["widths"], batch["ctc"])
                 if stage == "joint":
-                    l_ce = ce_loss(model, self.prompt, tokens, batch["widths"], batch["ids"])
+                    l_ce = ce_loss(model, self.prompt, tokens, batch["widths"], batch["ids"], a.corrupt, self.rng)
                     loss = l_ce + a.ctc_weight * l_ctc
                 else:
                     l_ce, loss = torch.zeros(()), l_ctc
@@ -222,7 +226,7 @@ def main(argv=None) -> int:
           f"{sum(p.numel() for p in t.model.ctc_head.parameters()) / 1e6:.2f} M, training only); "
           f"stage {t.stage} step {t.step}", flush=True)
     stream = LineStream(a.seed * 1_000_003 + t.step + (10**9 if t.stage == "joint" else 0), a.batch,
-                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode)
+                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode, shuffle=a.shuffle)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=a.workers,
                                          persistent_workers=a.workers > 0, prefetch_factor=4 if a.workers else None)
     batches = iter(loader)

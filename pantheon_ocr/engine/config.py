@@ -6,6 +6,7 @@ holds and how to use it), each computed once below with the reason beside it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ModelError
@@ -101,7 +102,41 @@ def decoder_config(gf: GGUFFile) -> DecoderConfig:
     return cfg
 
 
+# Bounds on what a file may claim, generous next to any real model (LightOnOCR's decoder: 1024
+# wide, 28 layers, heads of 128, 151,936 tokens, 40,960 positions). They stop a corrupt or hostile
+# header before it sizes an allocation (a head of 2^31 dims is 8 GiB of rotary tables).
+LIMITS = {"embedding_length": 1 << 16, "feed_forward_length": 1 << 20, "block_count": 1024, "attention.head_count": 1024,
+          "attention.key_length": 1024, "context_length": 1 << 24, "vocabulary": 1 << 24, "expert_count": 1024,
+          "attention.sliding_window": 1 << 24}
+
+
+def in_range(gf: GGUFFile, key: str, value: int, lo: int, hi: int) -> None:
+    """ModelError naming the key unless lo <= value <= hi."""
+    if not lo <= value <= hi:
+        raise ModelError(gf.path, f"metadata key {key!r} is {value}: it must be between {lo} and {hi:,}")
+
+
+def positive_finite(gf: GGUFFile, key: str, value: float, hi: float = math.inf) -> None:
+    if not (math.isfinite(value) and 0 < value < hi):
+        raise ModelError(gf.path, f"metadata key {key!r} is {value}: it must be a finite number > 0"
+                                  + ("" if hi == math.inf else f" and < {hi:g}"))
+
+
+def _check_ranges(gf: GGUFFile, c: DecoderConfig) -> None:
+    a = c.arch
+    for name, value, lo in (("embedding_length", c.n_embd, 1), ("feed_forward_length", c.n_ff, 1), ("block_count", c.n_layer, 1),
+                            ("attention.head_count", c.n_head, 1), ("attention.head_count_kv", c.n_head_kv, 1),
+                            ("attention.key_length", c.head_dim, 1), ("context_length", c.n_ctx, 1),
+                            ("attention.sliding_window", c.sliding_window, 0), ("expert_count", c.n_expert, 0)):
+        in_range(gf, f"{a}.{name}", value, lo, LIMITS.get(name, LIMITS["attention.head_count"]))
+    in_range(gf, "tokenizer.ggml.tokens (vocabulary size)", c.n_vocab, 1, LIMITS["vocabulary"])
+    positive_finite(gf, f"{a}.rope.freq_base", c.rope_base)
+    positive_finite(gf, f"{a}.attention.layer_norm_rms_epsilon", c.eps, 1.0)
+    positive_finite(gf, f"{a}.rope.scaling.factor", c.rope_linear_scale)
+
+
 def _check(gf: GGUFFile, c: DecoderConfig) -> None:
+    _check_ranges(gf, c)
     a = c.arch
     problems = [
         (c.n_head <= 0 or c.n_head_kv <= 0, f"'{a}.attention.head_count' and head_count_kv must be positive"),

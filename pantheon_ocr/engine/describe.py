@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-
-import numpy as np
 
 def describe(path: str) -> dict:
     """Architecture, config, tensors, parameter count, weight types and memory per storage mode
@@ -14,20 +13,23 @@ def describe(path: str) -> dict:
     gf = open_gguf(path)
     arch = meta(gf, "general.architecture", str)
     if arch == "clip":
-        from .models.pixtral import vision_config
+        from .models.lightonocr import check_mmproj
 
-        config = vision_config(gf)
+        config = check_mmproj(gf)  # the config and every tensor of the tower and the projector
     else:
         from .config import decoder_config
         from .models import decoder_class
+        from .tokenizer import load_tokenizer
 
         config = decoder_config(gf)
         decoder_class(arch)(gf, config, "quantized")  # validates every tensor name, shape, type
+        if "tokenizer.ggml.model" in gf.metadata:
+            load_tokenizer(gf)  # its metadata is checked like a load checks it
     types = Counter(t.qtype.name for t in gf.tensors.values())
-    n_params = sum(int(np.prod(t.shape)) for t in gf.tensors.values())
+    n_params = sum(math.prod(t.shape) for t in gf.tensors.values())
     on_disk = sum(t.n_bytes for t in gf.tensors.values())
     # f32 mode: every non-F32 tensor is decoded to 4 bytes per value; F32 ones stay mapped.
-    f32 = sum(int(np.prod(t.shape)) * 4 for t in gf.tensors.values())
+    f32 = sum(math.prod(t.shape) * 4 for t in gf.tensors.values())
     return {
         "path": str(gf.path),
         "architecture": arch,

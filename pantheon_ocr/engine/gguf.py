@@ -3,11 +3,20 @@
 We parse the header ourselves instead of using `gguf.GGUFReader`: the reader builds a numpy
 view per string (about 6 s for a 151k-token vocabulary) and fails on truncated files with
 low-level errors. Type constants and block sizes still come from the `gguf` package.
+
+Everything in the header is untrusted: only a regular file is opened (a FIFO would block
+`open()` forever), counts and sizes are checked against the file's size before anything is
+allocated, tensor dims are multiplied as Python ints (no silent int64 overflow), the alignment
+must be a power of two, and a file that cannot be mapped (larger than the address space) is a
+ModelError like any other bad model file.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +34,8 @@ _SCALARS = {  # GGUF value type id -> struct format
 _NUMPY_OF = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
              6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
+_MAX_NESTING = 4  # arrays of arrays of ...: real files use none; deeper is a corrupt or hostile header
+MAX_ALIGNMENT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -41,15 +52,17 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._file = _open_regular(self.path)
         try:
-            self._file = open(self.path, "rb")
-        except OSError as exc:
-            raise ModelError(self.path, f"cannot open model file: {exc.strerror or exc}") from None
-        try:
-            size = self.path.stat().st_size
+            size = os.fstat(self._file.fileno()).st_size
             if size < 24:
                 raise ModelError(self.path, f"not a GGUF file (only {size} bytes)")
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError, OverflowError) as exc:
+                raise ModelError(self.path, f"cannot map the model file ({size / 2**30:.1f} GiB) into memory: "
+                                            f"{getattr(exc, 'strerror', None) or exc} (is the address space limited, "
+                                            "e.g. by ulimit -v, or the file larger than this system can map?)") from None
             self.metadata: dict[str, Any] = {}
             self.tensors: dict[str, TensorInfo] = {}
             self._parse(size)
@@ -65,18 +78,34 @@ class GGUFFile:
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
         if version not in (2, 3):
             raise ModelError(self.path, f"unsupported GGUF version {version} (expected 3)")
+        # Every key/value and tensor entry takes at least 12 bytes: larger counts cannot be true.
+        if n_kv > size // 12 or n_tensors > size // 12:
+            raise ModelError(self.path, f"corrupt GGUF header: it claims {n_kv:,} metadata keys and {n_tensors:,} tensors "
+                                        f"in a {size:,}-byte file")
         self._pos = 24
         try:
             for _ in range(n_kv):
                 key = self._string()
+                if key in self.metadata:
+                    raise ModelError(self.path, f"corrupt GGUF header: metadata key {key!r} appears twice")
                 self.metadata[key] = self._value(struct.unpack_from("<I", buf, self._pos)[0], skip=4)
             infos = [self._tensor_info() for _ in range(n_tensors)]
-        except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        except (struct.error, IndexError, ValueError, UnicodeDecodeError, RecursionError):
             raise ModelError(self.path, f"truncated or corrupt GGUF header ({size} bytes)") from None
-        align = int(self.metadata.get("general.alignment", 32))
+        align = self.metadata.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, (int, np.integer)) or not 0 < align <= MAX_ALIGNMENT \
+                or align & (align - 1):
+            raise ModelError(self.path, f"metadata key 'general.alignment' is {align!r:.40}: it must be a power of two "
+                                        f"up to {MAX_ALIGNMENT}")
+        align = int(align)
         data_start = -(-self._pos // align) * align
         for name, qtype, shape, rel in infos:
-            info = TensorInfo(name, qtype, shape, data_start + rel, _byte_size(self.path, name, qtype, shape))
+            if name in self.tensors:
+                raise ModelError(self.path, f"corrupt GGUF header: tensor {name!r} appears twice")
+            info = TensorInfo(name, qtype, shape, data_start + rel, _byte_size(self.path, name, qtype, shape, size))
+            if rel % align:
+                raise ModelError(self.path, f"corrupt GGUF header: tensor {name!r} data offset {rel} is not a "
+                                            f"multiple of the alignment {align}")
             if info.offset + info.n_bytes > size:
                 raise ModelError(
                     self.path,
@@ -93,13 +122,15 @@ class GGUFFile:
         self._pos = start + n
         return self._map[start:self._pos].decode("utf-8")
 
-    def _value(self, vtype: int, skip: int = 0) -> Any:
+    def _value(self, vtype: int, skip: int = 0, depth: int = 0) -> Any:
         self._pos += skip
         if vtype == _STRING:
             return self._string()
         if vtype == _ARRAY:
             etype, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
+            if depth >= _MAX_NESTING or count > len(self._map) - self._pos:  # every element takes >= 1 byte
+                raise ValueError("array nested too deep or longer than the file")
             if etype == _STRING:
                 return [self._string() for _ in range(count)]
             if etype in _NUMPY_OF:
@@ -110,7 +141,7 @@ class GGUFFile:
                 arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=self._pos).copy()
                 self._pos = end
                 return arr
-            return [self._value(etype) for _ in range(count)]
+            return [self._value(etype, depth=depth + 1) for _ in range(count)]
         fmt = _SCALARS.get(vtype)
         if fmt is None:
             raise ValueError(f"unknown value type {vtype}")
@@ -139,25 +170,47 @@ class GGUFFile:
         info = self.tensors[name]
         rows = info.shape[:-1]
         return np.frombuffer(self._map, dtype=np.uint8, count=info.n_bytes, offset=info.offset).reshape(
-            *rows, info.n_bytes // max(1, int(np.prod(rows, dtype=np.int64)))
+            *rows, info.n_bytes // max(1, math.prod(rows))
         )
 
     def close(self) -> None:
         # Views into the map may still be alive (resident weights keep none); let GC unmap then.
-        self._file.close()
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, {len(self.tensors)} tensors)"
 
 
-def _byte_size(path: Path, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+def _byte_size(path: Path, name: str, qtype: GGMLQuantizationType, shape: tuple[int, ...], file_size: int) -> int:
     if qtype not in GGML_QUANT_SIZES:
         raise ModelError(path, f"tensor {name!r} has unsupported type {qtype.name}")
+    if not shape or min(shape) < 1:
+        raise ModelError(path, f"tensor {name!r} has shape {list(shape)}: every dimension must be at least 1")
     block, type_size = GGML_QUANT_SIZES[qtype]
-    if shape and shape[-1] % block:
+    if shape[-1] % block:
         raise ModelError(path, f"tensor {name!r}: row of {shape[-1]} is not a multiple of the {qtype.name} block {block}")
-    n = int(np.prod(shape, dtype=np.int64))
-    return n // block * type_size
+    n_bytes = math.prod(shape) // block * type_size  # Python ints: a dim of 2**63 cannot wrap around
+    if n_bytes > file_size:
+        raise ModelError(path, f"truncated file (or a corrupt header): tensor {name!r} of shape {list(shape)} needs "
+                               f"{n_bytes:,} bytes, more than the whole {file_size:,}-byte file")
+    return n_bytes
+
+
+def _open_regular(path: Path):
+    """The model file, opened only if it is a regular file (O_NONBLOCK: a FIFO cannot block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ModelError(path, f"cannot open model file: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a special file"
+        raise ModelError(path, f"not a model file: {what}, not a regular file")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

@@ -4,6 +4,7 @@ SentencePiece as score-ranked BPE merges."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,12 +137,19 @@ def bpe_pieces(tokens: list[str], attrs: np.ndarray) -> list[bytes]:
             except UnicodeEncodeError:  # a character outside the byte alphabet: keep its UTF-8
                 pieces.append(b"".join(_byte_piece(c) for c in text))
         elif attr == BYTE:
-            pieces.append(bytes([int(text[3:5], 16)]))
+            pieces.append(_byte_of(text))
         elif attr in (CONTROL, UNKNOWN, USER_DEFINED):
             pieces.append(text.encode())
         else:  # unused / undefined entries print nothing (llama.cpp)
             pieces.append(b"")
     return pieces
+
+
+def _byte_of(text: str) -> bytes:
+    """A byte token `<0xNN>` -> that byte; a byte-typed entry spelled otherwise (a damaged
+    vocabulary) keeps its own UTF-8 rather than failing the whole load."""
+    m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", text)
+    return bytes([int(m.group(1), 16)]) if m else text.encode("utf-8", "replace")
 
 
 def _byte_piece(c: str) -> bytes:
@@ -156,7 +164,7 @@ def spm_pieces(tokens: list[str], attrs: np.ndarray) -> list[bytes]:
         if attr == NORMAL:
             pieces.append(text.replace("▁", " ").encode())
         elif attr == BYTE:
-            pieces.append(bytes([int(text[3:5], 16)]))
+            pieces.append(_byte_of(text))
         elif attr in (CONTROL, UNKNOWN, USER_DEFINED):
             pieces.append(text.encode())
         else:

@@ -72,6 +72,16 @@ class Projector:
         return x
 
 
+def check_mmproj(gf: GGUFFile) -> VisionConfig:
+    """Validate an mmproj on its own (`inspect`): its config and every tensor of the vision tower
+    and the projector (names, shapes, types), without reading the weights (quantized storage
+    only maps them). The projector's norm eps comes from the text model, so any eps does here."""
+    vc = vision_config(gf)
+    PixtralVision(gf, vc, "quantized")
+    Projector(WeightLoader(gf, "quantized"), vc, vc.eps)
+    return vc
+
+
 class LightOnOCR:
     """A LightOnOCR text GGUF + mmproj GGUF pair, ready to transcribe page images.
 

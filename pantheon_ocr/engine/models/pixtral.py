@@ -17,11 +17,13 @@ import numpy as np
 
 from ...errors import ModelError
 from ..attention import flash_attention, naive_attention
+from ..config import in_range, positive_finite
 from ..gguf import GGUFFile, meta
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles_2d, swiglu
 from ..weights import Storage, Weight, WeightLoader
 
 SUPPORTED_PROJECTORS = ("lightonocr",)
+MAX_IMAGE_SIZE = 10000  # px, the longest image side a vision tower may ask for
 DEFAULT_ROPE_THETA = 10000.0  # not written by the converter; clip.cpp hard-codes it for lightonocr
 
 
@@ -51,6 +53,11 @@ class VisionConfig:
 SEGMENT_MODES = ("page", "blocks", "lines")
 
 
+def _show(v) -> str:
+    text = repr(v.tolist() if isinstance(v, np.ndarray) else v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def vision_config(gf: GGUFFile) -> VisionConfig:
     """Build the vision config from an mmproj GGUF's metadata; every problem names key and file."""
     arch = meta(gf, "general.architecture", str)
@@ -78,9 +85,10 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
         raise ModelError(gf.path, f"vision head size {head_dim} is not a multiple of 4 (needed by the 2-D RoPE)")
     stats = {}
     for name in ("image_mean", "image_std"):
-        v = np.asarray(key(name, list), dtype=np.float64)
-        if v.shape != (3,) or not np.all(np.isfinite(v)):
-            raise ModelError(gf.path, f"'clip.vision.{name}' must hold 3 finite numbers, got {v.tolist()}")
+        v = key(name, list)
+        # GGUF number arrays arrive as numpy arrays; anything else (strings, nested arrays) is not numbers
+        if not (isinstance(v, np.ndarray) and v.dtype.kind in "iuf" and v.shape == (3,) and np.all(np.isfinite(v))):
+            raise ModelError(gf.path, f"'clip.vision.{name}' must hold 3 finite numbers, got {_show(v)}")
         stats[name] = tuple(float(np.float32(x)) for x in v)
     if min(stats["image_std"]) <= 0:
         raise ModelError(gf.path, f"'clip.vision.image_std' must be positive, got {list(stats['image_std'])}")
@@ -111,11 +119,15 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
                                   f"(patch size x merge) between {unit} and {16 * unit}")
     if cfg.page_edge and not 256 <= cfg.page_edge <= 10000:
         raise ModelError(gf.path, f"'pantheon.reader.page_edge' ({cfg.page_edge}) must be between 256 and 10000 px")
-    for name, value in (("patch_size", cfg.patch_size), ("image_size", cfg.longest_edge), ("block_count", cfg.n_layer),
-                        ("feed_forward_length", cfg.n_ff), ("spatial_merge_size", cfg.merge),
-                        ("projection_dim", cfg.projection_dim)):
-        if value <= 0:
-            raise ModelError(gf.path, f"'clip.vision.{name}' must be positive, got {value}")
+    # Bounds well beyond any real tower (LightOnOCR: 1540 px, patch 14, 24 layers x 1024, FFN 4096):
+    # an image size of 2^31 would make every page a MemoryError instead of one clear error here.
+    for name, value, hi in (("patch_size", cfg.patch_size, 64), ("image_size", cfg.longest_edge, MAX_IMAGE_SIZE),
+                            ("block_count", cfg.n_layer, 1024), ("feed_forward_length", cfg.n_ff, 1 << 20),
+                            ("spatial_merge_size", cfg.merge, 8), ("projection_dim", cfg.projection_dim, 1 << 16),
+                            ("embedding_length", cfg.n_embd, 1 << 16), ("attention.head_count", cfg.n_head, 1024)):
+        in_range(gf, f"clip.vision.{name}", value, 1, hi)
+    positive_finite(gf, "clip.vision.attention.layer_norm_epsilon", cfg.eps, 1.0)
+    positive_finite(gf, "clip.vision.rope.freq_base", cfg.rope_base)
     if cfg.longest_edge < cfg.patch_size * cfg.merge:
         raise ModelError(gf.path, f"'clip.vision.image_size' ({cfg.longest_edge}) is smaller than one merged patch")
     return cfg

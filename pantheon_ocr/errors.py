@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
 
 
@@ -11,19 +12,31 @@ class ExitCode(IntEnum):
     BAD_ARGUMENTS = 2
     BAD_MODEL = 3  # bad or unsupported model file
     INPUT_UNREADABLE = 4  # input not found or unreadable
+    CANNOT_WRITE = 73  # an output (or the job state) cannot be written: permissions, read-only, disk full (EX_CANTCREAT)
     JOB_LOCKED = 75  # another run holds the job's lock: try again later (sysexits EX_TEMPFAIL)
     INTERRUPTED = 130
 
 
-def run_exit_code(interrupted: bool, failed: bool, wrote: bool) -> ExitCode:
+def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bool = False) -> ExitCode:
     """The exit code of a run over many pages (transcribe, an archive job): 130 when interrupted,
-    0 when nothing failed, 1 when something failed but something was written, 4 when everything
-    attempted failed (nothing readable)."""
+    73 when some document's outputs could not be written (the night's work is not on disk: that
+    outranks a failed page), 0 when nothing failed, 1 when something failed but something was
+    written, 4 when everything attempted failed (nothing readable)."""
     if interrupted:
         return ExitCode.INTERRUPTED
+    if write_failed:
+        return ExitCode.CANNOT_WRITE
     if not failed:
         return ExitCode.OK
     return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
+
+
+def path_text(path: object) -> str:
+    """A file name as text for people, Markdown, JSON, reports: always valid UTF-8. Names are
+    bytes on POSIX and Python keeps undecodable bytes as lone surrogates, which cannot be written
+    as UTF-8; each such byte is shown as `\\xNN` (e.g. b'\\xff.pdf' -> '\\xff.pdf')."""
+    raw = os.fsencode(path if isinstance(path, (str, bytes, os.PathLike)) else str(path))
+    return raw.decode("utf-8", "backslashreplace")
 
 
 class PantheonError(Exception):
@@ -44,7 +57,7 @@ class ModelError(PantheonError):
     def __init__(self, path: object, problem: str):
         self.path = str(path)
         self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        super().__init__(f"{path_text(self.path)}: {problem}")
 
 
 class InputError(PantheonError):
@@ -56,7 +69,7 @@ class InputError(PantheonError):
         self.path = str(path)
         self.page = page
         self.problem = problem
-        where = self.path if page is None else f"{self.path} page {page}"
+        where = path_text(self.path) + ("" if page is None else f" page {page}")
         super().__init__(f"{where}: {problem}")
 
 
@@ -64,3 +77,9 @@ class JobError(PantheonError):
     """An archive job cannot run (bad job file, locked by another run, ...)."""
 
     exit_code = ExitCode.BAD_ARGUMENTS
+
+
+class WriteError(PantheonError):
+    """An output or the job state cannot be written (permissions, read-only file system, disk full)."""
+
+    exit_code = ExitCode.CANNOT_WRITE

@@ -206,6 +206,15 @@ def expected_text(doc: int, page: int, n_tokens: int | None = None) -> str:
     return f"doc {doc} page {page}: " + " ".join(f"t{i}" for i in range(n))
 
 
+def md_body(path: Path) -> str:
+    """An output Markdown file without its first line, the `<!-- pantheon-ocr: {source...} -->`
+    record (and the blank line after it); asserts the record is there."""
+    text = path.read_text(encoding="utf-8")
+    head, sep, rest = text.partition("\n\n")
+    assert head.startswith("<!-- pantheon-ocr: {") and head.endswith("} -->") and sep, text[:200]
+    return rest
+
+
 # ----------------------------------------------------------------- render hooks (picklable)
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fake_engine import md_body
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "samples" / "docs"
 BAD = ROOT / "samples" / "bad"
@@ -46,7 +48,7 @@ def test_transcribe_sample_docs(tmp_path):
     assert code == 0, err
     assert "meaningless" in err  # the tiny random model says so
     for name, n_pages in [("text-1page", 1), ("report-3pages", 3), ("scanned", 1)]:
-        md = (tmp_path / f"{name}.md").read_text()
+        md = md_body(tmp_path / f"{name}.md")
         assert markers(md) == list(range(1, n_pages + 1))
         records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
         assert [r["page"] for r in records] == list(range(1, n_pages + 1))
@@ -59,7 +61,7 @@ def test_transcribe_sample_docs(tmp_path):
 def test_pages_option_and_skip_existing(tmp_path):
     code, _, err = transcribe(DOCS / "report-3pages.pdf", "--pages", "2-3", out=tmp_path)
     assert code == 0, err
-    assert markers((tmp_path / "report-3pages.md").read_text()) == [2, 3]
+    assert markers(md_body(tmp_path / "report-3pages.md")) == [2, 3]
     before = (tmp_path / "report-3pages.md").stat().st_mtime_ns
     code, _, err = transcribe(DOCS / "report-3pages.pdf", "--pages", "2-3", out=tmp_path)
     assert code == 0 and "skipped" in err
@@ -82,7 +84,7 @@ def test_bad_documents_do_not_stop_the_batch(tmp_path):
 def test_encrypted_pdf_with_password(tmp_path):
     code, _, err = transcribe(BAD / "encrypted.pdf", "--password", "pantheon", out=tmp_path)
     assert code == 0, err
-    assert markers((tmp_path / "encrypted.md").read_text()) == [1]
+    assert markers(md_body(tmp_path / "encrypted.md")) == [1]
 
 
 def test_looping_page_is_stopped_by_the_repetition_guard(tmp_path):

@@ -78,13 +78,16 @@ class Heartbeat(threading.Thread):
         self.lost = threading.Event()
 
     def run(self) -> None:  # noqa: D401 - Thread API
-        state = JobState(connect(self.path))
+        try:
+            state = JobState(connect(self.path))
+        except sqlite3.Error:
+            return  # the run itself meets the same problem and says so; a thread prints nothing
         try:
             while not self.stopping.wait(self.interval):
                 try:
                     ours = state.beat(self.run_id)
-                except sqlite3.OperationalError:
-                    continue  # busy for 30 s: try again at the next beat
+                except sqlite3.Error:
+                    continue  # busy for 30 s, a full disk: try again at the next beat
                 if not ours:
                     self.lost.set()
                     return

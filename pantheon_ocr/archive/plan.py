@@ -7,23 +7,23 @@ bytes is not redone). size/mtime are stored only together with the hash they vou
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import os
 import re
 import threading
 from pathlib import Path
 
-from ..errors import InputError
-from ..pipeline.inputs import Document, expand_inputs, parse_pages
-from ..pipeline.outputs import OutputPaths, plan_output_paths
+from ..errors import InputError, path_text
+from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages
+from ..pipeline.files import sha256_of
+from ..pipeline.naming import OutputPaths, plan_output_paths
+from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import count_pages
 from ..pipeline.types import FORMATS, PipelineOptions
 from .report import RunLog
 from .spec import JobSpec
 from .state import JobState
 
-_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # outputs.atomic_write_bytes' temp files
+_OLD_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp files of versions before outputs.TEMP_NAME
 
 
 class Planner:
@@ -89,22 +89,15 @@ class Planner:
         return self.docs
 
     def _inputs(self) -> list[Document]:
-        """Each input on its own: an empty folder or glob is a quiet night, not an error; a
-        missing path is a failure of this run, and the other inputs still go ahead."""
-        docs, seen = [], set()
-        for item in self.spec.inputs:
-            try:
-                found = expand_inputs([item])
-            except InputError as e:
-                if Path(item).is_dir() or glob.has_magic(item):
-                    self.log.notes.append(f"{item}: {e.problem}")
-                else:
-                    self.log.fail(e.path, None, e.problem)
-                continue
-            for doc in found:
-                if doc.path not in seen:
-                    seen.add(doc.path)
-                    docs.append(doc)
+        """An empty folder or glob is a quiet night, not an error; a missing path, a FIFO, a
+        link loop, ... is a failure of this run (named once), and the other inputs go ahead."""
+        problems: list[InputError] = []
+        docs = expand_inputs(list(self.spec.inputs), problems)
+        for e in problems:
+            if isinstance(e, NothingFound):
+                self.log.notes.append(f"{path_text(e.path)}: {e.problem}")
+            else:
+                self.log.fail(e.path, None, e.problem)
         return docs
 
     def _count(self, items: list[tuple[Document, int, tuple, bool]]) -> None:
@@ -144,25 +137,23 @@ class Planner:
         targets += [self.spec.reports / n for n in ("latest.json", "latest.html")]
         by_dir: dict[Path, set[str]] = {}
         for t in targets:
-            by_dir.setdefault(t.parent, set()).add(t.name)
+            by_dir.setdefault(t.parent, set()).update((t.name, temp_tag(t.name)))
         for folder, names in by_dir.items():
             try:
                 entries = os.listdir(folder)
             except OSError:
                 continue
             for entry in entries:
-                m = _TMP_NAME.match(entry)
-                if m and (m.group("name") in names or folder == self.spec.reports):
+                m = TEMP_NAME.match(entry)
+                old = _OLD_TMP_NAME.match(entry)
+                if (m and m.group("hash") in names) or (old and old.group("name") in names) or \
+                        ((m or old) and folder == self.spec.reports):
                     try:
                         os.unlink(folder / entry)
-                        self.log.notes.append(f"removed {folder / entry} (left by a stopped write)")
+                        self.log.notes.append(f"removed {path_text(folder / entry)} (left by a stopped write)")
                     except OSError:
                         pass
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_of(path)[0]  # never blocks: a FIFO put in place of a document is an error

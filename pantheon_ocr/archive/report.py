@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import path_text
 from ..pipeline.outputs import atomic_write_text
 from ..pipeline.types import STAGES
 from .lock import lock_is_stale
 from .report_html import render_html
-from .state import JobState, connect
+from .sqlite import translate
+from .state import JobState
 
 
 @dataclass
@@ -29,7 +32,7 @@ class RunLog:
     notes: list[str] = field(default_factory=list)
 
     def fail(self, path: str, page: int | None, reason: str, attempts: int = 0) -> None:
-        self.failures.append({"path": path, "page": page, "reason": reason, "attempts": attempts})
+        self.failures.append({"path": path_text(path), "page": page, "reason": reason, "attempts": attempts})
 
 
 def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: dict, status: str, exit_code: int) -> dict:
@@ -42,7 +45,7 @@ def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: d
     tokens = sum(a["n_tokens"] for a in attempts)
     return {
         "job": spec.name,
-        "job_file": str(spec.path),
+        "job_file": path_text(spec.path),
         "run": run_id,
         "host": socket.gethostname(),
         "executor": executor,
@@ -109,24 +112,26 @@ def failure_line(f: dict) -> str:
 def job_status(spec) -> dict:
     """Documents and pages by status, the last runs, current lock holder, final failures, for
     a spec.JobSpec; read-only, no lock taken (works while a run is going)."""
-    out: dict[str, Any] = {"job": spec.name, "job_file": str(spec.path), "state": str(spec.state), "documents": {}, "pages": {},
+    out: dict[str, Any] = {"job": spec.name, "job_file": path_text(spec.path), "state": path_text(spec.state), "documents": {}, "pages": {},
                            "runs": [], "running": None, "failures": []}
-    if not spec.state.is_file():
+    # Checked like a run checks it (a folder, a foreign or damaged file is an error); no file
+    # yet means no runs yet. Nothing is written.
+    state = JobState.open(spec.state, spec.path, create_new=False)
+    if state is None:
         return out
-    state = JobState(connect(spec.state))
     try:
-        if not state.has_runs():  # an empty or foreign file
-            return out
         out.update(state.counts())
         out["not_in_last_run"] = state.not_in_last_run()
         for r in state.recent_runs(5):
-            run = {k: r[k] for k in r.keys() if k != "summary"}
+            run = {k: path_text(r[k]) if k.startswith("report_") and r[k] else r[k] for k in r.keys() if k != "summary"}
             run["totals"] = _run_totals(r["summary"])
             out["runs"].append(run)
         lock = state.read_lock()
         if lock is not None:
             out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock["stale_after"])}
-        out["failures"] = state.final_failures()
+        out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
+    except sqlite3.Error as e:
+        raise translate(spec.state, e, spec.path, "read") from None
     finally:
         state.close()
     return out

@@ -17,19 +17,26 @@ files are missing are assembled again, temp files left by a killed write are rem
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
 from ..engine.loader import EngineOptions, resolve_model
-from ..errors import ExitCode, JobError, ModelError, PantheonError, run_exit_code
+from ..errors import ExitCode, JobError, ModelError, PantheonError, path_text, run_exit_code
 from ..pipeline.inputs import Document
-from ..pipeline.outputs import OutputPaths, write_document
-from ..pipeline.types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+from ..pipeline.fallback import TextLayerFallback
+from ..pipeline.naming import OutputPaths, Source
+from ..pipeline.outputs import write_document
+from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
+from . import rebuild
 from .lock import Heartbeat, acquire
 from .plan import Planner
+from .signals import HeldSignals
+from .sqlite import translate
 from .report import RunLog, build_summary, write_reports
 from .spec import JobSpec, load_job
 from .state import JobState
@@ -53,11 +60,13 @@ def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
     """The engine factory for the model files a job names. They are checked now, so that a
     missing file fails the run before it takes the lock (exit 3)."""
     m = spec.model
-    names = ("model.text", "model.mmproj")
-    text, mmproj = resolve_model(m["text"], m["mmproj"], names=names, where=spec.path.name)
+    names = ("model.name" if m.get("name") else "model.text", "model.mmproj")
+    text, mmproj = resolve_model(m.get("name") or m["text"], m["mmproj"], names=names, where=spec.path.name)
     for name, path in zip(names, (text, mmproj)):
-        if not path.is_file():
+        if not path.exists():
             raise ModelError(path, f"no such model file ({name} in {spec.path.name})")
+        if not path.is_file():
+            raise ModelError(path, f"not a regular file ({name} in {spec.path.name})")
     return ModelEngineFactory(EngineOptions(text, mmproj, m["weights"], m["vision_backend"], m["device"]))
 
 
@@ -96,18 +105,24 @@ class JobResult:
 
 
 def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, executor=None, retry_failed: bool = False,
-            on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None) -> JobResult:
+            on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None,
+            rebuild_state: bool = False) -> JobResult:
     """Run the job once (see the module docstring). Raises JobLocked when another run holds the
-    lock; returns a JobResult whose exit_code follows errors.ExitCode otherwise."""
+    lock, StateDamaged / WriteError / StateBusy when the state cannot be used; returns a JobResult
+    whose exit_code follows errors.ExitCode otherwise. rebuild_state: set a damaged state aside
+    and start a new one from what the outputs hold (rebuild.py)."""
     if executor is None:
         executor = LocalExecutor(engine_factory or (lambda: model_engine_factory(spec)()))
-    return _JobRun(spec, executor, retry_failed, on_progress, log).execute()
+    return _JobRun(spec, executor, retry_failed, on_progress, log, rebuild_state).execute()
 
 
 class _JobRun:
-    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, say: Callable[[str], None]) -> None:
-        self.spec, self.executor, self.retry_failed = spec, executor, retry_failed
+    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, say: Callable[[str], None],
+                 rebuild: bool = False) -> None:
+        self.spec, self.executor, self.retry_failed, self.rebuild = spec, executor, retry_failed, rebuild
         self.on_progress, self.say = on_progress, say
+        # the text-layer fallback of pages that failed every attempt (a worker started on first use)
+        self.fallback = TextLayerFallback(spec.ocr["password"], spec.ocr["render_timeout"])
         self.options = spec.pipeline_options()
         self.log = RunLog()  # what this run did, for its report
         self.docs: dict[str, tuple[int, Document]] = {}  # doc_id -> (row id, document) of this run
@@ -115,21 +130,34 @@ class _JobRun:
     # ------------------------------------------------------------------ the run
 
     def execute(self) -> JobResult:
-        self.state = JobState.open(self.spec.state)
-        try:
-            self.run_id, stale = acquire(self.state, self.spec.lock["stale_after"], self.executor.name, self.spec.name)
-        except BaseException:
-            self.state.close()
-            raise
-        if stale is not None:  # printed with the run's summary, and in the report
-            self.log.notes.append(f"took over a stale lock ({stale.describe()})")
-        interval = min(15.0, max(0.2, self.spec.lock["stale_after"] / 4))
-        self.heartbeat = Heartbeat(self.spec.state, self.run_id, interval)
-        self.heartbeat.start()
-        status, code, interrupted = "crashed", ExitCode.PAGES_FAILED, False
+        spec = self.spec
+        with HeldSignals() as held:  # until the finally below owns the release of the lock
+            if self.rebuild:
+                self.state, note = rebuild.fresh_state(spec)
+                self.log.notes += [note] if note else []
+            else:
+                self.state = JobState.open(spec.state, spec.path)
+            try:
+                self.run_id, stale = acquire(self.state, spec.lock["stale_after"], self.executor.name, spec.name)
+            except sqlite3.Error as e:
+                self.state.close()
+                raise translate(spec.state, e, spec.path) from None
+            except BaseException:
+                self.state.close()
+                raise
+            if stale is not None:  # printed with the run's summary, and in the report
+                self.log.notes.append(f"took over a stale lock ({stale.describe()})")
+            interval = min(15.0, max(0.2, spec.lock["stale_after"] / 4))
+            self.heartbeat = Heartbeat(spec.state, self.run_id, interval)
+            self.heartbeat.start()
+        status, code, interrupted, failure = "crashed", ExitCode.PAGES_FAILED, held.pending, None
         try:
             try:
-                self.docs = Planner(self.spec, self.state, self.run_id, self.options, self.retry_failed, self.log).plan()
+                if interrupted:
+                    raise KeyboardInterrupt
+                self.docs = Planner(spec, self.state, self.run_id, self.options, self.retry_failed, self.log).plan()
+                if self.rebuild:
+                    rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
                 for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
                     self._assemble(row_id, only_if_needed=True)
                 self._rounds()
@@ -137,26 +165,56 @@ class _JobRun:
                 interrupted = True
             wrote = self.log.events["written"] + self.log.events["partial"] > 0 or any(
                 a["outcome"] == "done" for a in self.log.attempts)
-            status, code = ("interrupted" if interrupted else "finished"), run_exit_code(interrupted, bool(self.log.failures), wrote)
+            status = "interrupted" if interrupted else "finished"
+            code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
         except PantheonError as e:
-            code = e.exit_code
-            raise
+            failure, code = e, e.exit_code
+        except sqlite3.Error as e:
+            failure = translate(spec.state, e, spec.path)
+            code = failure.exit_code
+        except KeyboardInterrupt:  # in the moment between the work and the bookkeeping
+            status, code, interrupted = "interrupted", ExitCode.INTERRUPTED, True
         finally:
-            self.heartbeat.stop()
+            with HeldSignals() as late:
+                result, problem = self._bookkeeping(status, code)
+        if failure is not None:
+            raise failure
+        if problem is not None:
+            raise problem
+        if late.pending:
+            raise KeyboardInterrupt
+        return result
+
+    def _bookkeeping(self, status: str, code: ExitCode) -> tuple[JobResult, PantheonError | None]:
+        """Stop the heartbeat and the executor, write the report, record the run, release the
+        lock: each step even if an earlier one failed (a full disk, a damaged state); the
+        first state error is returned to be raised after."""
+        problem = None
+        self.heartbeat.stop()
+        try:
+            self.executor.close()
+        except Exception as e:  # noqa: BLE001 - the run's record matters more
+            self.say(f"warning: closing the executor failed: {type(e).__name__}: {e}")
+        self.fallback.close()
+        self.log.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.log.notes]
+        try:
+            counts = self.state.counts()
+        except sqlite3.Error:
+            counts = {}
+        summary = build_summary(self.spec, self.run_id, self.executor.name, self.log, counts, status, code)
+        paths = (None, None)
+        try:
+            paths = write_reports(summary, self.spec.reports, self.run_id)
+        except Exception as e:  # noqa: BLE001 - a report is not worth a lock left behind
+            self.say(f"warning: cannot write the report: {getattr(e, 'strerror', None) or e}")
+        for step in (lambda: self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths)),
+                     lambda: self.state.release(self.run_id)):
             try:
-                self.executor.close()
-            finally:
-                self.log.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.log.notes]
-                summary = build_summary(self.spec, self.run_id, self.executor.name, self.log, self.state.counts(), status, code)
-                paths = (None, None)
-                try:
-                    paths = write_reports(summary, self.spec.reports, self.run_id)
-                except OSError as e:
-                    self.say(f"warning: cannot write the report: {e}")
-                self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths))
-                self.state.release(self.run_id)
-                self.state.close()
-        return JobResult(self.run_id, code, summary, *paths)
+                step()
+            except sqlite3.Error as e:
+                problem = problem or translate(self.spec.state, e, self.spec.path)
+        self.state.close()
+        return JobResult(self.run_id, code, summary, *paths), problem
 
     # ------------------------------------------------------------------ rounds
 
@@ -201,18 +259,21 @@ class _JobRun:
             error = result.error if problem == "error" else (
                 "the model kept repeating itself" if problem == "repetition" else f"no end of page within max_tokens ({sampling.max_tokens})"
             ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
+            if self.spec.ocr["text_fallback"]:  # every attempt failed: the PDF's own text, if it has some
+                result = self.fallback.apply([dataclasses.replace(result, error=error)])[0]
         now = time.time()
         secs = [result.seconds.get(s, 0.0) for s in STAGES]
         left = self.state.record_attempt(self.run_id, row_id, result.page, attempt, "pending" if outcome == "retry" else outcome,
                                          result, error if outcome == "failed" else result.error, outcome, sampling, secs, now)
         if left is None:
             return  # already recorded (cannot happen with one lock holder; never write twice)
-        self.log.attempts.append({"path": str(result.doc.path), "page": result.page, "attempt": attempt, "outcome": outcome,
+        self.log.attempts.append({"path": path_text(result.doc.path), "page": result.page, "attempt": attempt, "outcome": outcome,
                                   "temperature": sampling.temperature, "seed": sampling.seed, "n_tokens": result.n_tokens,
                                   "finish_reason": result.finish_reason, "error": result.error,
                                   "seconds": dict(zip(STAGES, secs)), "t": now - self.log.t0})
         if outcome == "failed":
-            self.log.fail(str(result.doc.path), result.page, error, attempt)
+            self.log.fail(str(result.doc.path), result.page, error + (" (the PDF's text layer stands in)" if result.from_text_layer else ""),
+                          attempt)
         if left == 0:
             self._assemble(row_id)
 
@@ -230,21 +291,22 @@ class _JobRun:
                 complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
                 if complete:
                     return
-                self.log.notes.append(f"{row['path']}: outputs missing, written again from the job state")
+                self.log.notes.append(f"{path_text(row['path'])}: outputs missing, written again from the job state")
             elif row["status"] != "pending":
                 return
         doc = Document(Path(row["path"]), row["kind"], row["doc_id"], PurePath(row["rel"]))
         results = [
-            PageResult(doc, p["page"], p["text"] or "", p["n_tokens"] or 0, p["finish_reason"] if p["status"] == "done" else None,
+            PageResult(doc, p["page"], p["text"] or "", p["n_tokens"] or 0,
+                       p["finish_reason"] if p["status"] == "done" or p["finish_reason"] == TEXT_LAYER else None,
                        p["error"] if p["status"] == "failed" else None, self.state.seconds(p))
             for p in pages
         ]
         error = None
-        if all(r.error is not None for r in results):
+        if all(r.error is not None and not r.from_text_layer for r in results):
             status, error = "failed", "no page could be read"  # like transcribe: write nothing
         else:
             try:
-                write_document(paths, results, formats, self.options.page_files)
+                write_document(paths, results, formats, self.options.page_files, Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 if self.options.page_files:
                     _remove_old_page_files(paths, {r.page for r in results})
                 status = "partial" if any(r.error is not None for r in results) else "done"

@@ -9,14 +9,16 @@ docs/archive.md describes the format.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import JobError
+from ..errors import JobError, path_text
 from ..engine.sampling import SamplingOptions
-from ..pipeline.types import FORMATS, PipelineOptions
+from ..pipeline.files import open_regular
+from ..pipeline.types import FORMATS, MAX_LONGEST_EDGE, PipelineOptions
 
 RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
 
@@ -28,10 +30,10 @@ class _Bad(Exception):
 # ---------------------------------------------------------------- value checks
 
 
-def _int(lo: int | None = None) -> Callable[[Any], int]:
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
     def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-            raise _Bad(f"must be an integer{'' if lo is None else f' >= {lo}'}")
+        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _Bad(f"must be an integer{'' if lo is None else f' >= {lo}'}{'' if hi is None else f' and <= {hi}'}")
         return v
 
     return check
@@ -39,14 +41,14 @@ def _int(lo: int | None = None) -> Callable[[Any], int]:
 
 def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], float]:
     def check(v: Any) -> float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # TOML has inf and nan
         if ok and lo is not None:
             ok = v > lo if lo_open else v >= lo
         if ok and hi is not None:
             ok = v <= hi
         if not ok:
             rng = "" if lo is None else f" {'>' if lo_open else '>='} {lo}" + ("" if hi is None else f" and <= {hi}")
-            raise _Bad(f"must be a number{rng}")
+            raise _Bad(f"must be a finite number{rng}")
         return float(v)
 
     return check
@@ -89,8 +91,9 @@ def _str_list(allowed: tuple[str, ...] | None = None, empty_ok: bool = False) ->
 
 
 def _float_list(v: Any) -> tuple[float, ...]:
-    if not isinstance(v, list) or not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise _Bad("must be a non-empty list of numbers >= 0")
+    if not isinstance(v, list) or not v or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v):
+        raise _Bad("must be a non-empty list of finite numbers >= 0")
     return tuple(float(x) for x in v)
 
 
@@ -137,7 +140,9 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "render_workers": (_int(1), 2),
         "render_timeout": (_float(0, lo_open=True), 120.0),
         "overlap": (_bool, True),
-        "longest_edge": (_int(64), None),
+        "longest_edge": (_int(64, MAX_LONGEST_EDGE), None),
+        "page_timeout": (_float(0, lo_open=True), None),  # engine seconds per page, then it fails: "timeout"
+        "text_fallback": (_bool, True),  # a page that failed every attempt takes the PDF's text layer
     },
     "retry": {
         "attempts": (_int(1), 3),
@@ -192,6 +197,7 @@ class JobSpec:
             out_dir=self.output, formats=o["formats"], page_files=o["page_files"], overwrite=True, pages=o["pages"],
             password=o["password"], sampling=self.sampling(1), batch_size=o["batch_size"], overlap=o["overlap"],
             render_workers=o["render_workers"], render_timeout=o["render_timeout"], longest_edge=o["longest_edge"],
+            page_timeout=o["page_timeout"], text_fallback=False,  # the job falls back itself, after the last attempt
         )
 
 
@@ -211,14 +217,16 @@ def load_job(path: str | os.PathLike) -> JobSpec:
     path = Path(path).expanduser().absolute()
     tomllib = _toml_module()
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or folder is an error, never a hang
             data = tomllib.load(f)
     except FileNotFoundError:
-        raise JobError(f"{path}: no such job file") from None
+        raise JobError(f"{path_text(path)}: no such job file") from None
     except OSError as e:
-        raise JobError(f"{path}: cannot read the job file: {e.strerror or e}") from None
+        raise JobError(f"{path_text(path)}: cannot read the job file: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise JobError(f"{path}: not valid TOML: {e}") from None
+        raise JobError(f"{path_text(path)}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise JobError(f"{path_text(path)}: not a UTF-8 text file (byte {e.start}): TOML job files are UTF-8") from None
     return parse_job(data, path)
 
 
@@ -260,7 +268,7 @@ def parse_job(data: dict, path: Path) -> JobSpec:
     stem = path.stem
     return JobSpec(
         path=path,
-        name=top["name"] or stem,
+        name=top["name"] or path_text(stem),
         inputs=tuple(str(resolve(i)) for i in top["inputs"]),
         output=resolve(top["output"]),
         state=resolve(top["state"]) if top["state"] else base / f"{stem}.sqlite",

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import JobError
+from ..errors import JobError, WriteError, path_text
+from ..pipeline.files import special_kind
 from ..pipeline.types import STAGES
+from .sqlite import APPLICATION_ID, StateDamaged, Txn, advice, connect, create, db_name, translate
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -76,41 +78,10 @@ CREATE TABLE IF NOT EXISTS lock (
 );
 CREATE INDEX IF NOT EXISTS pages_pending ON pages (status, doc);
 """
+_TABLES = frozenset({"meta", "documents", "pages", "attempts", "runs", "lock"})
 
 STAGE_COLUMNS = {s: f"{s}_s" for s in STAGES}  # pipeline stage -> its seconds column
 _SECONDS = ", ".join(STAGE_COLUMNS.values())
-
-
-def connect(path: Path, create: bool = True) -> sqlite3.Connection:
-    if not create and not path.is_file():
-        raise FileNotFoundError(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE), so no
-        # statement silently starts one and holds the write lock.
-        db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=True)
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA foreign_keys=ON")
-        db.execute("PRAGMA busy_timeout=30000")
-    except sqlite3.DatabaseError as e:
-        raise JobError(f"{path}: cannot open the job state (SQLite): {e}") from None
-    return db
-
-
-class Txn:
-    """`with Txn(db):` = BEGIN IMMEDIATE ... COMMIT, ROLLBACK on any exception."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
 @dataclass
@@ -129,25 +100,75 @@ class LockInfo:
 class JobState:
     """One connection to a job's state. Rows come back as sqlite3.Row (by column name)."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, path: Path | None = None):
+        self.db, self.path = db, path
 
     @classmethod
-    def open(cls, path: Path) -> JobState:
-        """Open (or create) the state file, with its schema; JobError if it is not one."""
-        db = connect(path)
+    def open(cls, path: Path, job: object | None = None, create_new: bool = True) -> JobState | None:
+        """Open the state file, after checking it (see `check`); a new one is made only where
+        no file exists at all (create_new=False: None then). `job` (the job file) goes into
+        the advice of an error. Raises StateDamaged (exit 2), StateBusy (75), WriteError (73)."""
+        path = Path(path)
         try:
-            db.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS); runs outside our transactions
-            with Txn(db):
-                row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                if row is None:
-                    db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-                elif int(row[0]) != SCHEMA_VERSION:
-                    raise JobError(f"{path}: job state has schema version {row[0]}, this pantheon-ocr reads {SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as e:
-            db.close()
-            raise JobError(f"{path}: not a usable job state file: {e}") from None
-        return cls(db)
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise JobError(f"{path_text(path)}: cannot read the job state: {e.strerror or e}") from None
+        if st is not None and special_kind(st.st_mode) is not None:
+            raise JobError(f"{path_text(path)}: {special_kind(st.st_mode)}, not a job state file; "
+                           "point `state =` in the job file at a file")
+        if st is not None and st.st_size == 0:
+            raise StateDamaged(f"{path_text(path)}: the job state is empty (0 bytes); {advice(job)}")
+        try:
+            if st is None:
+                if not create_new:
+                    return None
+                create(path, _init_schema)
+            state = cls(connect(path), path)
+        except sqlite3.Error as e:
+            raise translate(path, e, job, "create" if st is None else "open") from None
+        except OSError as e:
+            raise WriteError(f"{path_text(path)}: cannot create the job state: {e.strerror or e}") from None
+        try:
+            state.check(job, upgrade=create_new)
+        except BaseException:
+            state.close()
+            raise
+        return state
+
+    def check(self, job: object | None = None, upgrade: bool = True) -> None:
+        """The self-check before a run: it is our file (application id; an older state without
+        one gets it), its schema version, SQLite's quick_check, every document row readable,
+        and no document marked done whose pages are gone."""
+        db, where = self.db, path_text(self.path)
+        try:
+            app = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if app != APPLICATION_ID and not (app == 0 and _TABLES <= tables):
+                shown = ", ".join(sorted(tables)[:8]) or "none"
+                raise JobError(f"{where}: not a pantheon-ocr job state but another SQLite database (tables: {shown}); "
+                               "it was left untouched: point `state =` in the job file at another file")
+            if _TABLES - tables:
+                raise StateDamaged(f"{where}: the job state is damaged (tables missing: "
+                                   f"{', '.join(sorted(_TABLES - tables))}); {advice(job)}")
+            row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None or row[0] != str(SCHEMA_VERSION):
+                raise JobError(f"{where}: job state schema version {row[0] if row else 'missing'}; this pantheon-ocr "
+                               f"reads version {SCHEMA_VERSION}")
+            problems = [r[0] for r in db.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise StateDamaged(f"{where}: the job state is damaged (SQLite: {'; '.join(problems)}); {advice(job)}")
+            db.execute("SELECT * FROM documents").fetchall()  # undecodable text fails here, not mid-run
+            orphans = db.execute("SELECT count(*) FROM documents d WHERE status IN ('done', 'partial') "
+                                 "AND NOT EXISTS (SELECT 1 FROM pages p WHERE p.doc = d.id)").fetchone()[0]
+            if orphans:
+                raise StateDamaged(f"{where}: the job state is damaged ({orphans} document(s) marked done have no "
+                                   f"page rows left); {advice(job)}")
+            if app == 0 and upgrade:  # made by a version that did not stamp the header
+                db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        except sqlite3.Error as e:
+            raise translate(self.path, e, job, "read") from None
 
     def close(self) -> None:
         self.db.close()
@@ -183,7 +204,8 @@ class JobState:
                    report_html: str | None) -> None:
         with Txn(self.db) as db:
             db.execute("UPDATE runs SET finished=?, status=?, exit_code=?, summary=?, report_json=?, report_html=? WHERE id=?",
-                       (time.time(), status, exit_code, json.dumps(summary), report_json, report_html, run))
+                       (time.time(), status, exit_code, json.dumps(summary), report_json and db_name(report_json),
+                        report_html and db_name(report_html), run))
 
     def release(self, run: int) -> None:
         with Txn(self.db) as db:
@@ -206,11 +228,30 @@ class JobState:
         with Txn(self.db) as db:
             if row is None:
                 row_id = db.execute("INSERT INTO documents (path, doc_id, kind, rel, output, status) VALUES (?, ?, ?, ?, ?, 'pending')",
-                                    (str(doc.path), doc.doc_id, doc.kind, str(doc.rel), output)).lastrowid
+                                    (db_name(str(doc.path)), doc.doc_id, doc.kind, db_name(str(doc.rel)), db_name(output))).lastrowid
             else:
                 row_id = row["id"]
-                db.execute("UPDATE documents SET output=? WHERE id=?", (output, row_id))
+                db.execute("UPDATE documents SET output=? WHERE id=?", (db_name(output), row_id))
         return self.document(row_id)
+
+    def set_output(self, row_id: int, output: str) -> None:
+        with Txn(self.db) as db:
+            db.execute("UPDATE documents SET output=? WHERE id=?", (db_name(output), row_id))
+
+    def recover_page(self, run: int, row_id: int, page: int, text: str, n_tokens: int, finish_reason: str | None) -> bool:
+        """A pending page whose text was read back from intact outputs (--rebuild-state): done,
+        as attempt 1 of this run, without OCR. False if the page was not pending."""
+        now = time.time()
+        with Txn(self.db) as db:
+            if db.execute("UPDATE pages SET status='done', attempts=1, text=?, n_tokens=?, finish_reason=?, run=?, finished_at=? "
+                          "WHERE doc=? AND page=? AND status='pending'",
+                          (text, n_tokens, finish_reason, run, now, row_id, page)).rowcount == 0:
+                return False
+            version = db.execute("SELECT version FROM documents WHERE id=?", (row_id,)).fetchone()[0]
+            db.execute("INSERT INTO attempts (run, doc, version, page, attempt, outcome, n_tokens, finish_reason, error, "
+                       "finished_at) VALUES (?, ?, ?, ?, 1, 'done', ?, ?, 'recovered from the outputs', ?)",
+                       (run, row_id, version, page, n_tokens, finish_reason, now))
+        return True
 
     def mark_seen(self, seen: list[tuple]) -> None:
         """(run, size, mtime_ns, row id) per document: one transaction, not one per document."""
@@ -292,14 +333,6 @@ class JobState:
 
     # ---------------------------------------------------------------------------- counts
 
-    def has_runs(self) -> bool:
-        """Whether this is a job state at all (a file that exists may be empty or foreign)."""
-        try:
-            self.db.execute("SELECT 1 FROM runs LIMIT 1")
-        except sqlite3.DatabaseError:
-            return False
-        return True
-
     def counts(self) -> dict[str, dict[str, int]]:
         """Documents and pages by status."""
         return {"documents": dict(self.db.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall()),
@@ -315,3 +348,8 @@ class JobState:
             "SELECT d.path, NULL AS page, d.error AS reason FROM documents d WHERE d.status='failed' UNION ALL "
             "SELECT d.path, p.page, p.error FROM pages p JOIN documents d ON d.id=p.doc WHERE p.status='failed' "
             "ORDER BY 1, 2 LIMIT ?", (limit,))]
+
+
+def _init_schema(db: sqlite3.Connection) -> None:
+    db.executescript(_SCHEMA)
+    db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
+
+from ..errors import ExitCode, path_text
 
 
 @click.command()
@@ -45,10 +48,14 @@ import click
               help="Read whole pages, or cut them into text blocks or lines first, each read as its own "
                    "sequence (default: what the model's GGUF asks for; LightOnOCR reads pages).")
 @click.option("--render-workers", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--page-timeout", type=click.FloatRange(0, 86400, min_open=True), metavar="SECONDS",
+              help="Fail a page whose vision + prefill + decode take longer (reason: timeout); the batch goes on.")
+@click.option("--text-fallback/--no-text-fallback", default=True, show_default=True,
+              help="A PDF page whose OCR failed takes the PDF's own text layer, marked as such, if it has one.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def transcribe(inputs, model, mmproj, output, pages, formats, page_files, password, batch_size, max_tokens,
                temperature, top_p, seed, threads, weights, vision_backend, device, vision_dtype, gpu_prefill,
-               gpu_decode, overlap, skip_existing, segment, render_workers, progress) -> None:
+               gpu_decode, overlap, skip_existing, segment, render_workers, page_timeout, text_fallback, progress) -> None:
     """Transcribe PDFs and images (files, folders, globs) to Markdown, one file per document."""
     from ..engine.threads import set_blas_threads, stage_threads
 
@@ -58,8 +65,9 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..engine.loader import EngineOptions, load_page_engine, resolve_model
     from ..engine.sampling import SamplingOptions
     from ..pipeline.inputs import expand_inputs
+    from ..pipeline.naming import HEADER_PREFIX
     from ..pipeline.run import run_pipeline
-    from ..pipeline.types import PipelineOptions
+    from ..pipeline.types import PageFailure, PipelineOptions, RunSummary
     from .progress import progress_bar
 
     text_path, mmproj_path = resolve_model(model, mmproj)
@@ -73,19 +81,29 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         out_dir=Path(output), formats=tuple(formats), page_files=page_files, overwrite=not skip_existing,
         pages=pages, password=password, batch_size=batch_size, overlap=overlap, render_workers=render_workers,
         segment=segment, sampling=SamplingOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
+        page_timeout=page_timeout, text_fallback=text_fallback,
     )
-    documents = expand_inputs(list(inputs))
+    problems: list = []  # every bad path is named and skipped; the rest of the batch runs
+    documents = expand_inputs(list(inputs), problems)
+    unreadable = tuple(PageFailure(e.path, None, e.problem) for e in problems)
+    if not documents:  # nothing to read: say why, without loading the model
+        report(RunSummary((), unreadable=unreadable))
+        click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
     engine, notes = load_page_engine(EngineOptions(
         text_path, mmproj_path, weights, vision_backend, device, vision_dtype=vision_dtype, gpu_prefill=gpu_prefill,
         gpu_decode=gpu_decode))
     for note in notes:
         click.echo(f"note: {note}", err=True)
     summary = run_pipeline(documents, engine, options, on_progress=progress_bar() if progress else None)
+    summary = dataclasses.replace(summary, unreadable=unreadable)
     if to_stdout:
         for d in summary.documents:
             for out in d.outputs:
                 if out.suffix == f".{formats[0]}":
-                    click.echo(out.read_text(encoding="utf-8"), nl=False)
+                    text = out.read_text(encoding="utf-8")
+                    if text.startswith(HEADER_PREFIX):  # the source record is for files on disk: stdout gets the transcript
+                        text = text.split("\n\n", 1)[-1]
+                    click.echo(text, nl=False)
         scratch.cleanup()
     report(summary)
     click.get_current_context().exit(int(summary.exit_code))
@@ -94,12 +112,14 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
 def report(summary) -> None:
     """One line per document written, then every failed page with its reason."""
     for d in summary.documents:
-        outs = ", ".join(str(o) for o in d.outputs)
-        click.echo(f"{d.status:11} {d.doc.path}" + (f" -> {outs}" if outs else "") + (f" ({d.note})" if d.note else ""),
+        outs = ", ".join(path_text(o) for o in d.outputs)
+        click.echo(f"{d.status:11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "") + (f" ({d.note})" if d.note else ""),
                    err=True)
     failed = summary.failed_pages
     if failed:
-        click.echo(f"{len(failed)} page(s) failed:", err=True)
+        n_paths = len(summary.unreadable)
+        click.echo(f"{len(failed) - n_paths} page(s) failed" + (f", {n_paths} input path(s) unreadable" if n_paths else "") + ":",
+                   err=True)
         for f in failed:
             click.echo(f"  {f}", err=True)
     if summary.interrupted:

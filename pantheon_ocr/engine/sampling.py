@@ -22,8 +22,8 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 <= self.temperature < float("inf"):  # also refuses nan: sampling at inf/nan is noise
+            raise UsageError(f"temperature must be a finite number >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
 

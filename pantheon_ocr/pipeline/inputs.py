@@ -7,10 +7,12 @@ opens a PDF: counting and rendering pages is `render.py`'s job, in worker proces
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -19,6 +21,7 @@ from typing import Literal
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import InputError, UsageError
+from .files import open_regular, special_kind
 
 PDF_EXTENSIONS = (".pdf",)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp")
@@ -51,61 +54,127 @@ def make_document(path: str | os.PathLike, rel: str | PurePath | None = None) ->
 # ------------------------------------------------------------------------------- inputs
 
 
-def expand_inputs(items: list[str]) -> list[Document]:
+class NothingFound(InputError):
+    """An empty folder or a glob matching nothing: an error on the command line, a quiet night
+    for an archive job."""
+
+
+def expand_inputs(items: list[str], problems: list[InputError] | None = None) -> list[Document]:
     """Files, globs and folders -> documents, in the order given; folders and globs are
     expanded recursively and sorted. Hidden files/folders are skipped (macOS `._x.pdf` litter).
-    A file reached twice is kept once. Missing paths and empty globs/folders raise InputError."""
+    A file reached twice is kept once.
+
+    Every path is stat'ed before anything opens it, and only regular files become documents:
+    a missing path, a dangling or looping link, a FIFO, socket or device, an unreadable file, an
+    empty folder or glob is a problem. With `problems` (a list), each bad path is appended once
+    and the others go ahead; without it the first one raises InputError."""
     docs: list[Document] = []
-    seen: set[Path] = set()
+    seen: set[tuple[int, int]] = set()
+    named: set[str] = set()
+
+    def bad(e: InputError) -> None:
+        if problems is None:
+            raise e
+        if e.path not in named:
+            named.add(e.path)
+            problems.append(e)
+
     for item in items:
-        for path, rel in _expand_one(item):
-            key = path.resolve()
-            if key not in seen:
-                seen.add(key)
-                docs.append(make_document(path, rel))
+        for path, rel, st in _expand_one(item, bad):
+            key = (st.st_dev, st.st_ino)  # not Path.resolve(): it raises on a symlink loop
+            if key in seen:
+                continue
+            try:
+                doc = make_document(path, rel)
+            except InputError as e:
+                bad(e)
+                continue
+            seen.add(key)
+            docs.append(doc)
     return docs
 
 
-def _expand_one(item: str) -> list[tuple[Path, PurePath]]:
+def _stat(item: str | os.PathLike, bad) -> os.stat_result | None:
+    """stat() following links, or None after naming the problem (missing, dangling, looping,
+    permission denied)."""
+    try:
+        return os.stat(item)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            problem = "symbolic link loop"
+        elif e.errno == errno.ENOENT and os.path.lexists(item):
+            problem = "broken symbolic link (its target does not exist)"
+        elif e.errno == errno.ENOENT:
+            problem = "no such file or folder"
+        else:
+            problem = f"cannot read: {e.strerror or e}"
+        bad(InputError(item, problem))
+        return None
+
+
+def _check_file(path: str | os.PathLike, st: os.stat_result, bad) -> bool:
+    kind = special_kind(st.st_mode)
+    if kind is not None:
+        bad(InputError(path, f"{kind}, not a regular file: only regular files are read"))
+        return False
+    if not os.access(path, os.R_OK):
+        bad(InputError(path, "permission denied"))
+        return False
+    return True
+
+
+def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
     p = Path(item).expanduser()
-    if p.is_file():
-        if not os.access(p, os.R_OK):
-            raise InputError(item, "permission denied")
-        if _kind_of(p) is None:
-            raise InputError(item, "not a PDF or a supported image (" + " ".join(PDF_EXTENSIONS + IMAGE_EXTENSIONS) + ")")
-        return [(p, PurePath(p.name))]
-    if p.is_dir():
-        found = _walk(p)
-        if not found:
-            raise InputError(item, "folder contains no PDF or image files")
-        return found
-    if p.exists():
-        raise InputError(item, "not a regular file or folder")
-    if glob.has_magic(item):
+    if glob.has_magic(item) and not os.path.lexists(p):
         base = _glob_base(item)
         found = []
         for match in sorted(glob.glob(os.path.expanduser(item), recursive=True)):
             m = Path(match)
-            if m.is_dir():
-                found += _walk(m, base)
-            elif m.is_file() and _kind_by_extension(m) is not None:
-                found.append((m, PurePath(os.path.relpath(m, base))))
+            st = _stat(m, bad) if _kind_by_extension(m) is not None or os.path.isdir(m) else None
+            if st is None:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                found += _walk(m, bad, base)
+            elif _check_file(m, st, bad):
+                found.append((m, PurePath(os.path.relpath(m, base)), st))
         if not found:
-            raise InputError(item, "no PDF or image files match this pattern")
+            bad(NothingFound(item, "no PDF or image files match this pattern"))
         return found
-    raise InputError(item, "no such file or folder")
+    st = _stat(p, bad)
+    if st is None:
+        return []
+    if stat.S_ISDIR(st.st_mode):
+        found = _walk(p, bad)
+        if not found:
+            bad(NothingFound(item, "folder contains no PDF or image files"))
+        return found
+    if not _check_file(item, st, bad):
+        return []
+    if _kind_of(p) is None:
+        bad(InputError(item, "not a PDF or a supported image (" + " ".join(PDF_EXTENSIONS + IMAGE_EXTENSIONS) + ")"))
+        return []
+    return [(p, PurePath(p.name), st)]
 
 
-def _walk(root: Path, base: Path | None = None) -> list[tuple[Path, PurePath]]:
+def _walk(root: Path, bad, base: Path | None = None) -> list[tuple[Path, PurePath, os.stat_result]]:
+    """Documents under a folder. Symlinked folders are not followed (no loops); a listed file
+    with a document extension is stat'ed, and if it is not a regular file it is named as bad."""
     base = root if base is None else base
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+
+    def unlistable(e: OSError) -> None:
+        bad(InputError(e.filename or root, f"cannot list folder: {e.strerror or e}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
             f = Path(dirpath, name)
-            if not name.startswith(".") and _kind_by_extension(f) is not None:
-                found.append((f, PurePath(os.path.relpath(f, base))))
-    return sorted(found, key=lambda pr: pr[1].parts)
+            if name.startswith(".") or _kind_by_extension(f) is None:
+                continue
+            st = _stat(f, bad)
+            if st is not None and _check_file(f, st, bad):
+                found.append((f, PurePath(os.path.relpath(f, base)), st))
+    return sorted(found, key=lambda item: item[1].parts)
 
 
 def _glob_base(pattern: str) -> Path:
@@ -126,16 +195,17 @@ def _kind_by_extension(path: Path) -> Literal["pdf", "image"] | None:
 def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
     """By extension; a named file with another extension is sniffed (PDF header, PIL)."""
     kind = _kind_by_extension(path)
-    if kind is not None or not path.is_file():
+    if kind is not None:
         return kind
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             if b"%PDF-" in f.read(1024):
                 return "pdf"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path):
-                return "image"
+            f.seek(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(f):
+                    return "image"
     except Image.DecompressionBombError:
         return "image"  # an image all right; rendering it reports the size problem
     except (OSError, UnidentifiedImageError):

@@ -21,6 +21,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..engine.images import to_rgb
 from ..errors import InputError
+from .files import special_kind
 from .inputs import Document
 
 DEFAULT_LONGEST_EDGE = 1540  # LightOnOCR's mmproj image size
@@ -65,6 +66,32 @@ def render_page(
     return _render_image(doc, page_index, longest_edge)
 
 
+def text_layer(doc: Document, page_index: int, password: str | None = None) -> str:
+    """The PDF page's own text layer (what a text-selecting PDF viewer would copy): the fallback
+    for a page whose OCR failed. "" for images and pages without text. Raises InputError."""
+    if doc.kind != "pdf":
+        return ""
+    import pypdfium2 as pdfium
+
+    with _PDFIUM_LOCK:
+        pdf = _cached_pdf(doc, password)
+        if not 0 <= page_index < len(pdf):
+            return ""
+        try:
+            page = pdf[page_index]
+            try:
+                textpage = page.get_textpage()
+                try:
+                    text = textpage.get_text_bounded()
+                finally:
+                    textpage.close()
+            finally:
+                page.close()
+        except pdfium.PdfiumError as e:
+            raise InputError(doc.path, f"PDFium cannot read the page's text layer ({e})", page=page_index + 1) from None
+    return "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
+
+
 def clear_pdf_cache() -> None:
     """Close the cached open PDF (workers call this before exiting)."""
     with _PDFIUM_LOCK:
@@ -84,10 +111,7 @@ def _fit(width: float, height: float, longest_edge: int) -> tuple[float, int, in
 def _cached_pdf(doc: Document, password: str | None):
     import pypdfium2 as pdfium  # lazy: importing this module must stay cheap
 
-    try:
-        st = os.stat(doc.path)
-    except OSError as e:
-        raise InputError(doc.path, f"cannot read file: {e.strerror or e}") from None
+    st = _stat_regular(doc, None)
     key = (str(doc.path), password, st.st_mtime_ns, st.st_size)
     entry = _pdf_cache.get("pdf")
     if entry is not None and entry[0] == key:
@@ -163,8 +187,22 @@ def _render_pdf_page(doc: Document, page_index: int, longest_edge: int, password
         page.close()
 
 
+def _stat_regular(doc: Document, page: int | None) -> os.stat_result:
+    """The document's stat, if it is still a regular file (it may have been replaced by a FIFO
+    since it was planned, which PDFium or PIL would wait on forever)."""
+    try:
+        st = os.stat(doc.path)
+    except OSError as e:
+        raise InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page) from None
+    kind = special_kind(st.st_mode)
+    if kind is not None:
+        raise InputError(doc.path, f"{kind}, not a regular file", page=page)
+    return st
+
+
 def _open_image(doc: Document, page: int | None) -> Image.Image:
     """Open lazily (header only) with clear errors and the pixel-count guard."""
+    _stat_regular(doc, page)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we check ourselves
@@ -182,6 +220,29 @@ def _open_image(doc: Document, page: int | None) -> Image.Image:
             doc.path, f"the image is {w}x{h} px, above the {MAX_IMAGE_PIXELS / 1e6:.0f} Mpx safety limit (decompression bomb guard)", page=page
         )
     return img
+
+
+_ARITHMETIC_SOF = {0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # arithmetic-coded JPEGs: no bit-per-block bound
+
+
+def _jpeg_too_short(path: Path, w: int, h: int) -> bool:
+    """Whether a JPEG file is too small for the size its header declares. libjpeg decodes a
+    truncated file without an error (the missing part comes out grey, silently wrong), so check
+    a bound instead: a Huffman-coded JPEG spends at least one bit on each 8x8 block of its
+    luminance (the DC code), so it holds at least w*h/64 bits."""
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    pos = 2  # after SOI: walk the marker segments to the frame header (SOFn)
+    while pos + 4 <= len(head) and head[pos] == 0xFF:
+        marker = head[pos + 1]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # not DHT, JPG, DAC
+            return marker not in _ARITHMETIC_SOF and size * 8 < w * h // 64
+        pos += 2 + int.from_bytes(head[pos + 2:pos + 4], "big")
+    return False
 
 
 def _n_frames(img: Image.Image) -> int:
@@ -202,6 +263,9 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
                 raise InputError(doc.path, f"the image is {w}x{h} px, above the safety limit", page=page_no)
             if min(w, h) < MIN_SIDE:
                 raise InputError(doc.path, f"the image is too small to read ({w}x{h} px)", page=page_no)
+            if img.format == "JPEG" and _jpeg_too_short(doc.path, w, h):
+                raise InputError(doc.path, f"the JPEG header says {w}x{h} px but the file is too short to hold that "
+                                           "many pixels (truncated or damaged)", page=page_no)
             if img.format == "JPEG" and max(w, h) >= 2 * longest_edge:
                 # Let libjpeg decode at 1/2, 1/4 or 1/8 scale (still >= the target): a 20000-px
                 # scan then never exists at full size in memory.

@@ -84,8 +84,12 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
                 reply = ("exc", f"{type(e).__name__}: {e}")
             try:
                 conn.send((*reply, time.perf_counter() - t0))
+            except OSError:
+                raise
             except Exception as e:  # noqa: BLE001 - e.g. an unpicklable result
                 conn.send(("exc", f"cannot return the result: {type(e).__name__}: {e}", 0.0))
+    except OSError:
+        pass  # the parent is gone (killed: BrokenPipeError): end quietly, no traceback in the cron mail
     finally:
         render.clear_pdf_cache()
 

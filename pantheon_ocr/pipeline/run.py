@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .inputs import Document, parse_pages, validate_page_spec
-from .outputs import OutputPaths, plan_output_paths, write_document
+from .fallback import TextLayerFallback
+from .naming import OutputPaths, claim_all, plan_output_paths
+from .outputs import write_document
 from .regions import for_options
 from .render import DEFAULT_LONGEST_EDGE, count_pages, render_page
 from .render_pool import RenderPool
@@ -89,6 +91,8 @@ class _Run:
             workers=options.render_workers, timeout=options.render_timeout, start_method=start_method
         )
         self.stop = threading.Event()
+        self.sources: dict = {}  # doc_id -> naming.Source, recorded in its outputs
+        self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) if options.text_fallback else None
         self.stages: Stages | None = None
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
@@ -129,11 +133,15 @@ class _Run:
             return
         opts = self.options
         to_open = []
+        claims = claim_all(self.documents, self.paths, opts.formats)
         for doc in self.documents:
-            paths = self.paths[doc.doc_id]
-            if not opts.overwrite and paths.exist(opts.formats):
+            claim = claims[doc.doc_id]
+            self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, claim.source
+            if claim.error is not None:
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
+            elif claim.done and not opts.overwrite:
                 self.outcomes[doc.doc_id] = DocumentOutcome(
-                    doc, "skipped", outputs=tuple(paths.documents(opts.formats)), note="outputs exist"
+                    doc, "skipped", outputs=tuple(claim.paths.documents(opts.formats)), note="outputs exist"
                 )
             else:
                 to_open.append(doc)
@@ -197,8 +205,11 @@ class _Run:
 
     def _finish(self, state: _DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)
-        failures = tuple(PageFailure(str(doc.path), r.page, r.error) for r in results if r.error is not None)
-        if len(failures) == len(results):
+        if self.fallback is not None:
+            results = self.fallback.apply(results, self.stop)
+        failures = tuple(PageFailure(str(doc.path), r.page, r.error + (" (the PDF's text layer stands in)" if r.from_text_layer else ""))
+                         for r in results if r.error is not None)
+        if all(r.error is not None and not r.from_text_layer for r in results):
             # Nothing readable: write nothing, so that the next run tries the document again.
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures)
             return
@@ -207,10 +218,11 @@ class _Run:
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, (), len(results), failures)
             return
         try:
-            written = write_document(state.paths, results, self.options.formats, self.options.page_files)
+            written = write_document(state.paths, results, self.options.formats, self.options.page_files,
+                                     self.sources.get(doc.doc_id))
         except OSError as e:
             failure = PageFailure(str(doc.path), None, f"cannot write the output: {e.strerror or e}")
-            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures + (failure,))
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", n_pages=len(results), failures=failures + (failure,))
             return
         status = "partial" if failures else "written"
         self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures)
@@ -234,3 +246,5 @@ class _Run:
         if self.stages is not None:
             self.stages.join()
         self.pool.close()
+        if self.fallback is not None:
+            self.fallback.close()

@@ -99,6 +99,18 @@ class Stages:
                     return None
         return None
 
+    def _late(self, page: _Page) -> bool:
+        """Past the page timeout (engine seconds: vision + prefill + decode)? Then fail it with
+        reason "timeout". Checked after each engine call returns: a call is never interrupted,
+        so a page can overrun by one vision or prefill call, or by one decode step."""
+        limit = self.options.page_timeout
+        s = page.seconds
+        if limit is None or s["vision"] + s["prefill"] + s["decode"] <= limit:
+            return False
+        self._fail(page, f"timeout: the page took longer than {limit:g} s (vision {s['vision']:.1f} s, "
+                         f"prefill {s['prefill']:.1f} s, decode {s['decode']:.1f} s)")
+        return True
+
     def _fail(self, page: _Page, reason: str) -> None:
         page.payload = None
         self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds))
@@ -123,7 +135,7 @@ class Stages:
             self._fail(page, f"vision stage failed: {type(e).__name__}: {e}")
             return False
         page.seconds["vision"] = time.perf_counter() - t0
-        return True
+        return not self._late(page)
 
     def _vision_loop(self) -> None:
         while True:
@@ -163,6 +175,8 @@ class Stages:
                 page.seconds["prefill"] = time.perf_counter() - t0
                 page.payload = None  # the features live on in the KV cache only
                 slot = _Active(page, seq)
+                if not seq.finished and self._late(page):
+                    continue
                 if seq.finished:
                     self._emit(slot)
                 else:
@@ -186,6 +200,8 @@ class Stages:
                 a.steps += 1
                 if a.seq.finished:
                     self._emit(a)
+                elif self._late(a.page):
+                    pass  # leaves the batch; its KV cache goes with it
                 elif a.steps > (a.page.task.sampling or self.options.sampling).max_tokens + 8:
                     self._fail(a.page, f"the engine did not stop the sequence after {a.steps} steps")
                 else:

@@ -13,11 +13,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from PIL import Image
 
 from ..engine.sampling import SamplingOptions
-from ..errors import ExitCode, UsageError, run_exit_code
+from ..errors import ExitCode, UsageError, path_text, run_exit_code
 from .inputs import Document
 
 FORMATS = ("md", "jsonl", "txt")
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds
+MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
+TEXT_LAYER = "text-layer"  # finish_reason of a failed page whose text is the PDF's own text layer
 
 
 @runtime_checkable
@@ -77,6 +79,11 @@ class PageResult:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def from_text_layer(self) -> bool:
+        """The OCR failed (`error` says why) and `text` is the PDF's own text layer instead."""
+        return self.finish_reason == TEXT_LAYER
+
 
 SEGMENT_MODES = ("page", "blocks", "lines")
 
@@ -94,6 +101,8 @@ class PipelineOptions:
     overlap: bool = True  # vision on its own thread; False = vision then CPU, per page
     render_workers: int = 2
     render_timeout: float | None = 120.0  # seconds before a stuck render is killed
+    page_timeout: float | None = None  # engine seconds per page (vision + prefill + decode), then it fails: "timeout"
+    text_fallback: bool = True  # a PDF page whose OCR failed takes the PDF's own text layer, if it has one
     render_queue: int = 4  # rendered pages waiting for the vision stage
     features_queue: int = 2  # encoded pages waiting for a decode slot
     longest_edge: int | None = None  # None: the engine's
@@ -110,6 +119,10 @@ class PipelineOptions:
         for name in ("batch_size", "render_workers", "render_queue", "features_queue"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.page_timeout is not None and not 0 < self.page_timeout < float("inf"):
+            raise UsageError(f"page_timeout must be a positive number of seconds (got {self.page_timeout})")
+        if self.longest_edge is not None and self.longest_edge > MAX_LONGEST_EDGE:
+            raise UsageError(f"longest_edge must be at most {MAX_LONGEST_EDGE} px (got {self.longest_edge})")
         if self.longest_edge is not None and self.longest_edge < 64:
             raise UsageError(f"longest_edge must be at least 64 px (got {self.longest_edge})")
         if self.segment is not None and self.segment not in SEGMENT_MODES:
@@ -123,10 +136,11 @@ class PageFailure:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.path}{'' if self.page is None else f' page {self.page}'}: {self.reason}"
+        return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: {self.reason}"
 
 
-DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted"]
+# unwritten = its pages were read but its outputs could not be written (exit code 73)
+DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted", "unwritten"]
 
 
 @dataclass(frozen=True)
@@ -157,12 +171,14 @@ class RunSummary:
     pages_done: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    unreadable: tuple[PageFailure, ...] = ()  # input paths that never became documents (missing, FIFO, ...)
 
     @property
     def failed_pages(self) -> list[PageFailure]:
-        return [f for d in self.documents for f in d.failures]
+        return list(self.unreadable) + [f for d in self.documents for f in d.failures]
 
     @property
     def exit_code(self) -> ExitCode:
         wrote = any(d.status in ("written", "partial") for d in self.documents)
-        return run_exit_code(self.interrupted, bool(self.failed_pages), wrote)
+        unwritten = any(d.status == "unwritten" for d in self.documents)
+        return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten)

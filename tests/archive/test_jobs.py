@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_engine import SAMPLES, EngineFactory, expected_text
+from fake_engine import SAMPLES, EngineFactory, expected_text, md_body
 from pantheon_ocr.archive.lock import JobLocked
 from pantheon_ocr.archive.report import job_status
 from pantheon_ocr.archive.run import load_job, run_job
@@ -65,7 +65,7 @@ def rows(job: Path, sql: str, *args) -> list[tuple]:
     ('inputs = ["in"]\noutput = "out"\n[ocr]\nbach_size = 8\n', "unknown key 'ocr.bach_size' (did you mean 'ocr.batch_size'?)"),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\nformats = ["md", "html"]\n', "ocr.formats: values must be among 'md', 'jsonl', 'txt'"),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\npages = "3-1"\n', "ocr.pages: bad page range '3-1'"),
-    ('inputs = ["in"]\noutput = "out"\n[ocr]\ntop_p = 0\n', "ocr.top_p: must be a number > 0 and <= 1 (got 0)"),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\ntop_p = 0\n', "ocr.top_p: must be a finite number > 0 and <= 1 (got 0)"),
     ('inputs = ["in"]\noutput = "out"\n[retry]\nattempts = 0\n', "retry.attempts: must be an integer >= 1 (got 0)"),
     ('inputs = ["in"]\noutput = "out"\n[retry]\non = ["loops"]\n', "retry.on: values must be among 'repetition', 'max_tokens', 'error'"),
     ('inputs = ["in"]\noutput = "out"\nmodel = "x"\n', "model: must be a table ([model])"),
@@ -104,7 +104,7 @@ def test_run_skip_unchanged_redo_changed(tmp_path):
     assert result.exit_code == ExitCode.OK and result.summary["documents"] == {"new": 2, "written": 2}
     check_outputs(out, {"a.md": (1, 3), "sub/b.md": (2, 2)})
     assert [json.loads(x)["page"] for x in (out / "a.jsonl").read_text().splitlines()] == [1, 2, 3]
-    assert (out / "a" / "page-0002.md").read_text() == f"<!-- page 2 -->\n\n{expected_text(1, 2)}\n"
+    assert md_body(out / "a" / "page-0002.md") == f"<!-- page 2 -->\n\n{expected_text(1, 2)}\n"
     # unchanged: nothing runs, the model is not even loaded
     factory = Counting()
     result = run(job, factory)
@@ -151,7 +151,7 @@ def test_corrupt_inputs_are_isolated(tmp_path):
     job = write_job(tmp_path, ocr={"password": make_samples_module().PASSWORD})
     result = run(job, retry_failed=True)
     assert {Path(f["path"]).name for f in result.summary["failures"]} == {"corrupt.pdf", "zero-pages.pdf"}
-    assert (tmp_path / "out" / "encrypted.md").read_text().startswith("<!-- page 1 -->")
+    assert md_body(tmp_path / "out" / "encrypted.md").startswith("<!-- page 1 -->")
 
 
 def test_only_unreadable_inputs_exit_4(tmp_path):
@@ -175,7 +175,7 @@ def test_looping_page_retried_with_changed_sampling_then_failed(tmp_path):
     (failure,) = result.summary["failures"]
     assert failure == {"path": str(tmp_path / "in" / "a.pdf"), "page": 3, "attempts": 3,
                        "reason": "the model kept repeating itself (3 attempts, last temperature 0.4)"}
-    pages = md_pages((tmp_path / "out" / "a.md").read_text())
+    pages = md_pages(md_body(tmp_path / "out" / "a.md"))
     assert [m for _, m, _ in pages] == ["<!-- page 1 -->", "<!-- page 2 -->",
                                         "<!-- page 3 failed: the model kept repeating itself (3 attempts, last temperature 0.4) -->",
                                         "<!-- page 4 -->"]
@@ -201,7 +201,7 @@ def test_failing_page_retried_and_max_tokens_policy(tmp_path):
     result = run(job, Counting(fail_vision=[[1, 1]], loops=[[1, 2]]))
     assert [(f["page"], f["reason"], f["attempts"]) for f in result.summary["failures"]] == [
         (1, "vision stage failed: RuntimeError: fake vision failure on doc 1 page 1", 2)]
-    pages = md_pages((tmp_path / "out" / "a.md").read_text())
+    pages = md_pages(md_body(tmp_path / "out" / "a.md"))
     assert pages[1][1] == "<!-- page 2 stopped: max_tokens -->" and pages[0][1].startswith("<!-- page 1 failed: vision stage")
     # retry.on = ["max_tokens"] retries such pages too, and errors are then final at once
     shutil.rmtree(tmp_path / "out")
@@ -376,7 +376,7 @@ def test_real_tiny_engine_run_and_resume(tmp_path):
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["report-3pages.jsonl", "report-3pages.md", "scanned.jsonl", "scanned.md",
                                                      "text-1page.jsonl", "text-1page.md"]
-    pages = md_pages((out / "report-3pages.md").read_text())
+    pages = md_pages(md_body(out / "report-3pages.md"))
     assert [p for p, _, _ in pages] == [1, 2, 3] and all(m.startswith(f"<!-- page {p}") and t for p, m, t in pages)
     records = [json.loads(x) for x in (out / "report-3pages.jsonl").read_text().splitlines()]
     assert all(0 < r["n_tokens"] <= 3 and r["seconds"]["vision"] > 0 for r in records)

@@ -1,4 +1,4 @@
-"""outputs.py: atomic writes, naming, Markdown / JSONL / text formats."""
+"""outputs.py and naming.py: atomic writes, naming, Markdown / JSONL / text formats."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path, PurePath
 import pytest
 
 from pantheon_ocr.pipeline import outputs
+from pantheon_ocr.pipeline.naming import plan_output_paths
 from pantheon_ocr.pipeline.outputs import (
     atomic_write_bytes,
     atomic_write_text,
-    plan_output_paths,
     render_jsonl,
     render_markdown,
     render_txt,
@@ -72,18 +72,19 @@ def test_output_naming_mirrors_folders_and_avoids_collisions(tmp_path):
         doc(tmp_path, "Scan.tif"),
         doc(tmp_path, "v1.2.final.pdf"),
     ]
-    other = tmp_path / "elsewhere" / "report.pdf"
+    other = tmp_path / "zzz" / "report.pdf"
     other.parent.mkdir()
     other.touch()
     same_name = make_document(other)  # named directly: rel is just "report.pdf"
     plan = plan_output_paths(docs + [same_name], tmp_path / "out")
+    # a collision goes to the document whose absolute path sorts first (as bytes), whatever the order
     assert plan[same_name.doc_id].file("md") == tmp_path / "out" / f"report-{same_name.doc_id[:8]}.md"
     rel = {d.rel: plan[d.doc_id].file("md").relative_to(tmp_path / "out") for d in docs}
     assert rel[PurePath("report.pdf")] == Path("report.md")
     assert rel[PurePath("a/report.pdf")] == Path("a/report.md")
-    assert rel[PurePath("scan.pdf")] == Path("scan.md")
+    assert rel[PurePath("Scan.tif")] == Path("Scan.md")  # b"S" < b"s"
+    assert rel[PurePath("scan.pdf")] == Path(f"scan-{docs[3].doc_id[:8]}.md")  # case-insensitive disks
     assert rel[PurePath("scan.png")] == Path(f"scan-{docs[4].doc_id[:8]}.md")
-    assert rel[PurePath("Scan.tif")] == Path(f"Scan-{docs[5].doc_id[:8]}.md")  # case-insensitive disks
     assert rel[PurePath("v1.2.final.pdf")] == Path("v1.2.final.md")
     assert len({p.base for p in plan.values()}) == len(plan)
     # the same documents always get the same names
@@ -124,9 +125,13 @@ def test_jsonl_records(tmp_path):
     first, second = map(json.loads, lines)
     assert first == {
         "doc": str(d.path),
+        "doc_sha256": None,
+        "doc_size": None,
+        "doc_mtime_ns": None,
         "doc_id": d.doc_id,
         "page": 1,
         "text": "héllo wörld",
+        "source": "model",
         "n_tokens": 2,
         "finish_reason": "eos",
         "error": None,
@@ -140,8 +145,8 @@ def test_write_document_all_formats_primary_last(tmp_path, monkeypatch):
     d = doc(tmp_path, "sub/r.pdf")
     paths = plan_output_paths([d], tmp_path / "out")[d.doc_id]
     order = []
-    real = outputs.atomic_write_text
-    monkeypatch.setattr(outputs, "atomic_write_text", lambda p, t: (order.append(Path(p).name), real(p, t)))
+    real = os.replace
+    monkeypatch.setattr(outputs.os, "replace", lambda a, b: (order.append(Path(b).name), real(a, b)))
     written = write_document(paths, [result(d, 2, "b"), result(d, 1, "a")], ("md", "jsonl", "txt"), page_files=True)
     assert order == ["page-0001.md", "page-0002.md", "r.jsonl", "r.txt", "r.md"]
     assert [p.name for p in written] == order

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from fake_engine import SAMPLES, CrashingRender, FakeEngine, expected_text, make_samples_module, marked_pdf, vm_rss_kb
+from fake_engine import (SAMPLES, CrashingRender, FakeEngine, expected_text, make_samples_module, marked_pdf, md_body,
+                         vm_rss_kb)
 from pantheon_ocr.errors import ExitCode, UsageError
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.engine.sampling import SamplingOptions
@@ -34,6 +35,7 @@ def write_pdf(folder: Path, name: str, n_pages: int, doc_no: int) -> Path:
 
 def options(tmp_path: Path, **kw) -> PipelineOptions:
     kw.setdefault("render_workers", 2)
+    kw.setdefault("text_fallback", False)  # the marked PDFs have a text layer; test_robustness tests the fallback
     return PipelineOptions(out_dir=tmp_path / "out", **kw)
 
 
@@ -73,11 +75,11 @@ def test_outputs_in_page_order_with_continuous_batching(tmp_path):
     assert summary.exit_code == ExitCode.OK and not summary.failed_pages and not summary.interrupted
     assert [d.status for d in summary.documents] == ["written", "written", "written"]
     assert [d.doc.path.name for d in summary.documents] == ["a.pdf", "c.png", "b.pdf"]
-    md_a = (out / "a.md").read_text()
+    md_a = md_body(out / "a.md")
     assert md_a == "<!-- page 1 -->\n\n" + expected_text(1, 1, 40) + "\n\n" + md_expected([(1, p) for p in range(2, 8)])
-    assert (out / "sub" / "b.md").read_text() == md_expected([(2, p) for p in range(1, 4)])
-    assert (out / "c.md").read_text() == "<!-- page 1 -->\n\n" + expected_text(0, 0, 3) + "\n"  # no marks
-    assert (out / "a" / "page-0007.md").read_text() == md_expected([(1, 7)])
+    assert md_body(out / "sub" / "b.md") == md_expected([(2, p) for p in range(1, 4)])
+    assert md_body(out / "c.md") == "<!-- page 1 -->\n\n" + expected_text(0, 0, 3) + "\n"  # no marks
+    assert md_body(out / "a" / "page-0007.md") == md_expected([(1, 7)])
     assert (out / "sub" / "b.txt").read_text().count("\f") == 2
     records = [json.loads(line) for line in (out / "a.jsonl").read_text().splitlines()]
     assert [r["page"] for r in records] == list(range(1, 8))
@@ -114,8 +116,8 @@ def test_corrupt_encrypted_and_empty_pdfs_among_good_ones(tmp_path):
     # with the password the encrypted one is read too
     summary = run_pipeline(docs, FakeEngine(), options(tmp_path, password=ms.PASSWORD))
     assert {d.doc.path.name: d.status for d in summary.documents}["encrypted.pdf"] == "written"
-    assert "Confidential" not in (tmp_path / "out" / "encrypted.md").read_text()  # fake engine text
-    assert (tmp_path / "out" / "encrypted.md").read_text().startswith("<!-- page 1 -->")
+    assert "Confidential" not in md_body(tmp_path / "out" / "encrypted.md")  # fake engine text
+    assert md_body(tmp_path / "out" / "encrypted.md").startswith("<!-- page 1 -->")
 
 
 def test_crashing_render_worker_costs_one_page(tmp_path):
@@ -128,7 +130,7 @@ def test_crashing_render_worker_costs_one_page(tmp_path):
     assert (Path(failure.path).name, failure.page) == ("a.pdf", 3)
     assert failure.reason == "the render worker crashed (killed by SIGSEGV)"
     assert str(failure).endswith("a.pdf page 3: the render worker crashed (killed by SIGSEGV)")
-    md = (tmp_path / "out" / "a.md").read_text()
+    md = md_body(tmp_path / "out" / "a.md")
     assert md == (
         md_expected([(1, 1), (1, 2)]) + "\n<!-- page 3 failed: the render worker crashed (killed by SIGSEGV) -->\n\n"
         + md_expected([(1, 4), (1, 5)])
@@ -151,13 +153,13 @@ def test_engine_failures_and_looping_pages_do_not_stop_the_batch(tmp_path):
         (2, "vision stage failed: RuntimeError: fake vision failure on doc 1 page 2"),
         (4, "prefill failed: ValueError: fake prefill failure on doc 1 page 4"),
     ]
-    md = (tmp_path / "out" / "a.md").read_text()
+    md = md_body(tmp_path / "out" / "a.md")
     assert "<!-- page 5 stopped: max_tokens -->\n\ndoc 1 page 5: " + " ".join(["loop"] * 30) in md
     assert "<!-- page 8 -->\n\n" + expected_text(1, 8) in md
     # the engine's repetition guard
     engine = FakeEngine(loops=lambda f: f.page == 1, loop_limit=12)
     summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, overwrite=True, pages="1-2"))
-    md = (tmp_path / "out" / "a.md").read_text()
+    md = md_body(tmp_path / "out" / "a.md")
     assert md.startswith("<!-- page 1 stopped: repetition -->") and summary.exit_code == ExitCode.OK
 
 
@@ -206,7 +208,7 @@ def test_skip_existing_and_overwrite(tmp_path):
     engine = FakeEngine()
     summary = run_pipeline(docs, engine, options(tmp_path, overwrite=True))
     assert summary.documents[0].status == "written" and len(engine.prefills) == 2
-    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, 1), (1, 2)])
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2)])
 
 
 def test_page_spec_is_clipped_per_document(tmp_path):
@@ -214,8 +216,8 @@ def test_page_spec_is_clipped_per_document(tmp_path):
     b = write_pdf(tmp_path / "in", "b.pdf", 3, doc_no=2)
     c = write_pdf(tmp_path / "in", "c.pdf", 1, doc_no=3)
     summary = run_pipeline(expand_inputs([str(a), str(b), str(c)]), FakeEngine(), options(tmp_path, pages="2-3,9"))
-    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, 2), (1, 3), (1, 9)])
-    assert (tmp_path / "out" / "b.md").read_text() == md_expected([(2, 2), (2, 3)])
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 2), (1, 3), (1, 9)])
+    assert md_body(tmp_path / "out" / "b.md") == md_expected([(2, 2), (2, 3)])
     assert summary.documents[2].status == "skipped" and "no selected pages" in summary.documents[2].note
     with pytest.raises(UsageError, match="bad page range"):
         run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path, pages="3-1"))
@@ -231,7 +233,7 @@ def test_overlap_switch(tmp_path, overlap):
     engine = FakeEngine(vision_sleep=0.05, step_sleep=0.01, n_tokens=lambda f: 8)
     summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, overlap=overlap, batch_size=2))
     assert summary.documents[0].status == "written"
-    assert (tmp_path / "out" / "a.md").read_text() == md_expected([(1, p) for p in range(1, 7)], n_tokens=8)
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, p) for p in range(1, 7)], n_tokens=8)
     vision_threads = {t for _, _, t in engine.vision_spans}
     decode_threads = {t for _, _, t in engine.decode_spans}
     if overlap:
@@ -291,7 +293,7 @@ def test_ctrl_c_keeps_finished_documents_and_writes_nothing_half(tmp_path):
     assert fired and summary.interrupted and summary.exit_code == ExitCode.INTERRUPTED
     assert [d.status for d in summary.documents] == ["written", "interrupted"]
     out = tmp_path / "out"
-    assert (out / "first.md").read_text() == md_expected([(1, 1), (1, 2)], n_tokens=5)
+    assert md_body(out / "first.md") == md_expected([(1, 1), (1, 2)], n_tokens=5)
     assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md"]
     assert no_temp_files(out) and not render_children()
     # the next run skips the finished document and completes the other one

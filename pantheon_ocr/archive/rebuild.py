@@ -1,0 +1,139 @@
+"""`archive run --rebuild-state`: a new job state re-derived from the outputs, for a state file
+that is damaged (or lost).
+
+The old file is never deleted: it is renamed to `<state>.damaged-<time>` (with its -wal/-shm).
+A foreign SQLite database, or a state whose lock a live run holds, is refused. The new state is
+planned like a first night, and then every page whose text the existing outputs still hold is
+recorded as done without OCR, if the output records this very input (its path and sha256, see
+pipeline/naming.py): the JSONL when there is one (exact text, tokens, finish reason), else the
+Markdown. Pages that failed, stood in from the text layer, or whose output is missing or
+belongs to a changed input are OCR'd as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from ..errors import JobError, path_text
+from ..pipeline.inputs import Document
+from ..pipeline.naming import OutputPaths, Source
+from ..pipeline.types import PipelineOptions
+from .lock import JobLocked, lock_is_stale
+from .report import RunLog
+from .sqlite import StateDamaged
+from .state import JobState
+
+_MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer): (.*))? -->$")
+
+
+def fresh_state(spec) -> tuple[JobState, str | None]:
+    """Set the job's state file aside (if there is one) and open a new one; returns it and a
+    note saying where the old one went."""
+    path = Path(spec.state)
+    try:
+        old = JobState.open(path, spec.path, create_new=False)
+    except StateDamaged:
+        old = None  # unreadable: nothing can hold a lock in it that we could see
+    if old is not None:
+        try:
+            lock = old.read_lock()
+        finally:
+            old.close()
+        if lock is not None and not lock_is_stale(lock, spec.lock["stale_after"]):
+            raise JobLocked(f"job {spec.name!r} is running ({lock.describe()}): not rebuilding its state under it")
+    note = None
+    if os.path.lexists(path):
+        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.lexists(f"{path}{suffix}"):
+                    os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+        except OSError as e:
+            raise JobError(f"{path_text(path)}: cannot set the damaged job state aside: {e.strerror or e}") from None
+        note = f"the old job state was set aside as {path_text(aside)}; this one is rebuilt from the outputs"
+    return JobState.open(path, spec.path), note
+
+
+def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Document]], options: PipelineOptions,
+                  log: RunLog) -> None:
+    """Record as done every pending page whose text an intact output of the same input holds."""
+    recovered = 0
+    for row_id, doc in docs.values():
+        row = state.document(row_id)
+        if row["n_pages"] is None or not row["sha256"]:
+            continue
+        source = Source(path_text(doc.path), row["sha256"])
+        found = _find_outputs(Path(row["output"]), doc, source, options)
+        if found is None:
+            continue
+        paths, pages = found
+        if str(paths.base) != row["output"]:
+            state.set_output(row_id, str(paths.base))
+        wanted = {p["page"] for p in state.pages(row_id) if p["status"] == "pending"}
+        n = sum(state.recover_page(run_id, row_id, page, *pages[page]) for page in sorted(wanted & pages.keys()))
+        recovered += n
+        if n and n == len(wanted):  # every page back: the outputs are the document's, as they are
+            state.set_document_status(row_id, "done", None)
+    if recovered:
+        log.notes.append(f"{recovered} page(s) recovered from the existing outputs, not OCR'd again")
+
+
+def _find_outputs(base: Path, doc: Document, source: Source, options: PipelineOptions):
+    """(paths, {page: (text, n_tokens, finish_reason)}) from the outputs recording `source`,
+    under the planned name or the other name a document may have (with or without -<id>)."""
+    tag = f"-{doc.doc_id[:8]}"
+    other = base.with_name(base.name[: -len(tag)]) if base.name.endswith(tag) else base.with_name(base.name + tag)
+    for candidate in (base, other):
+        paths = OutputPaths(candidate)
+        if source.same_file(paths.recorded_source(options.formats)):
+            pages = _read_pages(paths, options.formats)
+            if pages:
+                return paths, pages
+    return None
+
+
+def _read_pages(paths: OutputPaths, formats) -> dict[int, tuple[str, int, str | None]]:
+    """Intact pages (OCR'd, not failed, not from the text layer) of a document's outputs."""
+    try:
+        if "jsonl" in formats:
+            return _from_jsonl(paths.file("jsonl").read_text(encoding="utf-8"))
+        if "md" in formats:
+            return _from_markdown(paths.file("md").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
+def _from_jsonl(text: str) -> dict[int, tuple[str, int, str | None]]:
+    pages = {}
+    for line in text.splitlines():
+        rec = json.loads(line)
+        if rec.get("error") is None and rec.get("source", "model") == "model" and isinstance(rec.get("page"), int):
+            pages[rec["page"]] = (str(rec.get("text", "")), int(rec.get("n_tokens") or 0), rec.get("finish_reason"))
+    return pages
+
+
+def _from_markdown(text: str) -> dict[int, tuple[str, int, str | None]]:
+    pages: dict[int, tuple[str, int, str | None]] = {}
+    current: tuple[int, str | None] | None = None
+    lines: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            pages[current[0]] = ("\n".join(lines).strip("\n"), 0, current[1])
+
+    for line in text.split("\n")[1:]:  # the first line is the source record
+        m = _MARKER.match(line)
+        if m is None:
+            lines.append(line)
+            continue
+        close()
+        kind = m.group(2)
+        current = None if kind in ("failed", "text-layer") else (int(m.group(1)), m.group(3) if kind == "stopped" else "eos")
+        lines = []
+    close()
+    return pages

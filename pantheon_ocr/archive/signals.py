@@ -1,0 +1,34 @@
+"""Ctrl-C and SIGTERM held back while a run takes or gives back its lock.
+
+A run stopped between "the lock is ours" and "our run row says so", or in the middle of its
+final bookkeeping (report, run row, lock), would leave the lock row and a run marked running
+(the next night refuses with 75 until the lock goes stale). Inside `HeldSignals` both signals
+are only noted; `pending` says whether one came, and the caller stops right after the block.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s is not None)
+
+
+class HeldSignals:
+    def __init__(self) -> None:
+        self.pending = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> "HeldSignals":
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.pending = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}

@@ -1,0 +1,180 @@
+"""Where a document's outputs go, and whose outputs a file already there holds.
+
+A document found as `<rel>` (its path relative to the folder or glob base it came from, or just
+its name when given directly) is written to `<out>/<rel without suffix>.<fmt>`, so folder
+structure is mirrored and `a/report.pdf`, `b/report.pdf` do not meet. Per-page files go to
+`<out>/<rel without suffix>/page-0003.md`.
+
+Names never depend on the order of the inputs:
+- When documents of one run map to the same name (`scan.pdf` + `scan.png`, or two files named
+  directly from different folders; compared case-insensitively), the one whose absolute path
+  sorts first (as bytes) keeps it and the others get `-<doc id[:8]>` appended.
+- A document whose own name looks like a per-page file (`page-0003`) always gets the suffix, so
+  no document's output can ever be another document's page file.
+- Every output records its source (`Source`: the input's path and sha256; see outputs.py for
+  where). A name whose existing output came from another source is not reused: the document
+  takes its suffixed name instead, and "skip existing" skips only a document whose outputs came
+  from the same file, unchanged (the same size and mtime, else the same sha256).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Iterable, Sequence
+
+from ..errors import path_text
+from .files import open_regular, sha256_of
+from .inputs import Document
+
+HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
+_PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an output came from: the input's path (as `errors.path_text` shows it), the sha256
+    of its bytes and the size and mtime it had then; `page` for a per-page file."""
+
+    path: str
+    sha256: str
+    page: int | None = None
+    size: int | None = None
+    mtime_ns: int | None = None
+
+    def header(self) -> str:
+        """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
+        so that no file name can end the comment."""
+        fields = {"source": self.path, "sha256": self.sha256, "size": self.size, "mtime_ns": self.mtime_ns}
+        fields = {k: v for k, v in fields.items() if v is not None} | ({} if self.page is None else {"page": self.page})
+        return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
+
+    def same_file(self, other: "Source | None") -> bool:
+        return other is not None and other.path == self.path and other.sha256 == self.sha256
+
+    def unchanged(self, st: os.stat_result) -> bool:
+        """Whether a file with this stat is still the one recorded, by size and mtime alone (as
+        archive jobs decide it): then it need not be read and hashed again."""
+        return self.size == st.st_size and self.mtime_ns == st.st_mtime_ns
+
+
+def source_of(doc: Document) -> Source:
+    """The document's Source (reads the whole file once; OSError if it cannot be read)."""
+    sha256, st = sha256_of(doc.path)
+    return Source(path_text(doc.path), sha256, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class OutputPaths:
+    base: Path  # <out>/<rel without suffix>; formats append ".<fmt>"
+    candidates: tuple[Path, ...] = field(default=(), compare=False)  # other names this document may take
+
+    def file(self, fmt: str) -> Path:
+        return self.base.with_name(f"{self.base.name}.{fmt}")
+
+    def page_file(self, page: int) -> Path:
+        return self.base / f"page-{page:04d}.md"
+
+    def documents(self, formats: Sequence[str]) -> list[Path]:
+        return [self.file(f) for f in formats]
+
+    def exist(self, formats: Sequence[str]) -> bool:
+        return all(p.is_file() for p in self.documents(formats))
+
+    def recorded_source(self, formats: Sequence[str]) -> Source | None:
+        """The Source recorded in the existing Markdown (its first line) or, without Markdown,
+        the first JSONL record; None when neither is there or neither says (a file written by
+        someone else or by an older version; txt files carry no record)."""
+        try:
+            if "md" in formats:
+                with open_regular(self.file("md")) as f:
+                    line = f.readline(65536).decode("utf-8", "replace").rstrip("\n")
+                if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):
+                    rec = json.loads(line[len(HEADER_PREFIX):-4])
+                    return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"))
+            elif "jsonl" in formats:
+                with open_regular(self.file("jsonl")) as f:
+                    rec = json.loads(f.readline(1 << 24))
+                return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
+
+def plan_output_paths(documents: Iterable[Document], out_dir: str | os.PathLike) -> dict[str, OutputPaths]:
+    """doc_id -> OutputPaths for one run (see the module docstring for the rule). `base` is the
+    name planned from the inputs alone; `candidates` are the names to try, in order, once the
+    output folder has been looked at (`claim_outputs`)."""
+    out = Path(out_dir)
+    unique = {doc.doc_id: doc for doc in documents}
+    first_of: dict[str, str] = {}  # casefolded stem -> doc_id of the document that keeps it
+    stems: dict[str, PurePath] = {}
+    for doc in sorted(unique.values(), key=lambda d: os.fsencode(d.path)):
+        rel = PurePath(doc.rel)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            rel = PurePath(doc.path.name)  # never write outside the output folder
+        stem = stems[doc.doc_id] = rel.with_suffix("") if rel.suffix else rel
+        if not _PAGE_FILE.fullmatch(stem.name):
+            first_of.setdefault(str(stem).casefold(), doc.doc_id)
+    plan: dict[str, OutputPaths] = {}
+    for doc_id, stem in stems.items():
+        suffixed = out / stem.with_name(f"{stem.name}-{doc_id[:8]}")
+        if first_of.get(str(stem).casefold()) == doc_id:
+            plan[doc_id] = OutputPaths(out / stem, (out / stem, suffixed))
+        else:
+            plan[doc_id] = OutputPaths(suffixed, (suffixed,))
+    return {doc_id: plan[doc_id] for doc_id in unique}
+
+
+def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str,
+                  claimed: set[str]) -> tuple[OutputPaths, Source | None]:
+    """The document's output paths after looking at the output folder, and the Source its
+    existing outputs there record (None: no outputs, or they record nothing). A candidate name
+    is passed over when another document of this run claimed it (`claimed`: casefolded bases,
+    updated here) or when its existing output records another source. Call in the order of
+    plan_output_paths' priority (absolute paths sorted as bytes) so that names stay stable."""
+    candidates = planned.candidates or (planned.base,)
+    for base in candidates:
+        key = str(base).casefold()
+        if key in claimed:
+            continue
+        paths = OutputPaths(base)
+        recorded = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
+        if recorded is not None and recorded.path != source_path and base != candidates[-1]:
+            continue  # another document's outputs: keep them, take the next name
+        claimed.add(key)
+        return paths, recorded if recorded is not None and recorded.path == source_path else None
+    claimed.add(str(candidates[-1]).casefold())
+    return OutputPaths(candidates[-1]), None
+
+
+@dataclass(frozen=True)
+class Claim:
+    paths: OutputPaths
+    source: Source | None  # None when the input could not be read (`error` says why)
+    done: bool  # its outputs exist, complete, from this very file: skip unless overwriting
+    error: str | None = None
+
+
+def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str]) -> dict[str, Claim]:
+    """doc_id -> Claim for a run's documents: settles the names against the output folder, in
+    the stable priority order, and decides which documents are done. A document whose outputs
+    record its path, size and mtime is done without reading it; any other is hashed (the record
+    its outputs will carry) and is done only if the recorded sha256 matches."""
+    claims: dict[str, Claim] = {}
+    claimed: set[str] = set()
+    for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
+        paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_text(doc.path), claimed)
+        try:
+            if recorded is not None and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):
+                claims[doc.doc_id] = Claim(paths, recorded, True)
+                continue
+            source = source_of(doc)
+        except OSError as e:
+            claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
+            continue
+        claims[doc.doc_id] = Claim(paths, source, source.same_file(recorded) and paths.exist(formats))
+    return claims

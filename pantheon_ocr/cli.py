@@ -13,6 +13,7 @@ COMMANDS = {
     "transcribe": ("transcribe", "transcribe", "Transcribe PDFs and images to Markdown."),
     "archive": ("archive", "archive", "Nightly archive jobs: run, resume, status, report."),
     "bench": ("bench", "bench", "Per-page throughput benchmark, configurations side by side."),
+    "models": ("models", "models", "Get LightOnOCR models: pull from the Hugging Face Hub, list the ones here."),
     "inspect": ("engine", "inspect", "Describe a GGUF model: architecture, shapes, quant types, memory."),
     "generate": ("engine", "generate", "Generate text with a GGUF decoder model (streams)."),
 }

@@ -1,7 +1,7 @@
 """Write a LightOnOCR GGUF pair with RANDOM weights at the real LightOnOCR-1B shapes (benchmarks).
 
     python scripts/make_random_lightonocr.py OUT_DIR [--vision-layers 24] [--text-layers 28]
-        [--dtype BF16|F16|Q8_0|F32] [--seed 0]
+        [--dtype BF16|F16|Q8_0|F32|Q6_K|Q4_K_M|Q4_K_S] [--n-vocab 151936] [--seed 0]
 
 writes OUT_DIR/lightonocr-1b-random-<dtype>.gguf (general.architecture = qwen3) and
 OUT_DIR/mmproj-lightonocr-1b-random-<dtype>.gguf (clip, projector lightonocr), with exactly the
@@ -17,6 +17,14 @@ size 1540; projector merge 2 (4096 -> 1024 -> 1024 -> 1024); text Qwen3 28 layer
 Weights: matrices N(0, 1/fan_in) so activations keep their scale through the layers; norm
 weights 1 + 0.02 N(0, 1); token embeddings 0.5 N(0, 1) as in the tiny fixture. Each tensor has its
 own seed derived from its name, so files with fewer layers hold the same first layers.
+
+Tests write tiny pairs with the same code: `make_pair(..., text={"n_embd": 256, ...}, vision={...})`
+overrides the shapes (K-quants need rows that are multiples of 256), `n_vocab` below 151936 writes a
+pruned vocabulary as LightOnOCR's 32k/16k variants have: the first regular tokens, the chat
+prompt's words and the Qwen added tokens (renumbered), the merges among them, eos/padding ids
+renumbered. K-quant types
+(Q6_K, Q4_K_M, Q4_K_S) mix tensor types as llama-quantize does (scripts/quantize_gguf.py); their
+mmproj is F16, as publishers ship it.
 
 Memory stays low: tensor infos are declared first, then each tensor is generated and written in
 row chunks of a few tens of MB (gguf.GGUFWriter streaming; the largest tensor, the 151936 x 1024
@@ -37,6 +45,9 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quantize_gguf  # noqa: E402  (scripts/: the K-quant encoders and llama-quantize's type rules)
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_TEXT = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "text.gguf"
 
@@ -47,8 +58,10 @@ TEXT = dict(n_embd=1024, n_ff=3072, n_layer=28, n_head=16, n_head_kv=8, head_dim
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-DTYPES = {"BF16": Q.BF16, "F16": Q.F16, "Q8_0": Q.Q8_0, "F32": Q.F32}
-FILE_TYPE = {Q.F32: 0, Q.F16: 1, Q.Q8_0: 7, Q.BF16: 32}  # LlamaFileType (general.file_type)
+DTYPES = {"BF16": Q.BF16, "F16": Q.F16, "Q8_0": Q.Q8_0, "F32": Q.F32, "Q6_K": Q.Q6_K, "Q4_K_M": Q.Q4_K,
+          "Q4_K_S": Q.Q4_K}
+QWEN_ADDED = (151643, 151669)  # Qwen's added tokens <|endoftext|> .. </think>: kept by a pruned vocabulary
+PROMPT_WORDS = ("system", "user", "assistant", "Ċ")  # and the chat prompt's words
 TOKENIZER_KEYS = (  # copied from the fixture, with the value types the converter writes
     ("tokenizer.ggml.model", V.STRING, None),
     ("tokenizer.ggml.pre", V.STRING, None),
@@ -95,42 +108,43 @@ class Spec:
 
 def encode(x: np.ndarray, qtype: Q) -> np.ndarray:
     """float32 [rows, cols] -> stored bytes/values of one chunk."""
-    if qtype == Q.F32:
-        return x
-    if qtype == Q.F16:
-        return x.astype(np.float16)
     if qtype == Q.BF16:  # round to nearest even, as gguf.quants / the converter do
         u = x.view(np.uint32).astype(np.uint64)
         return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return gguf.quants.quantize(x, qtype)
+    return quantize_gguf.quantize(x, qtype)
 
 
-def text_specs(n_layer: int, qtype: Q) -> list[Spec]:
-    t = TEXT
+def text_specs(n_layer: int, dtype: str | Q, t: dict = TEXT) -> list[Spec]:
+    """`dtype`: a file type (BF16, ..., Q4_K_M) or the one type of every matrix."""
+    dtype = dtype.name if isinstance(dtype, Q) else dtype
     d, ff, hd = t["n_embd"], t["n_ff"], t["head_dim"]
     qd, kvd = t["n_head"] * hd, t["n_head_kv"] * hd
-    specs = [Spec("token_embd.weight", (t["n_vocab"], d), qtype, "embd")]
+
+    def spec(name: str, shape: tuple[int, ...], kind: str, fan_in: int = 1) -> Spec:
+        qtype = quantize_gguf.tensor_type(name, shape, dtype, n_layer, tied=True, mmproj=False)
+        return Spec(name, shape, qtype, kind, fan_in)
+
+    specs = [spec("token_embd.weight", (t["n_vocab"], d), "embd")]
     for i in range(n_layer):  # the converter's order within a block
         p = f"blk.{i}."
         specs += [
-            Spec(p + "attn_norm.weight", (d,), Q.F32, "norm"),
-            Spec(p + "ffn_down.weight", (d, ff), qtype, "matrix", ff),
-            Spec(p + "ffn_gate.weight", (ff, d), qtype, "matrix", d),
-            Spec(p + "ffn_up.weight", (ff, d), qtype, "matrix", d),
-            Spec(p + "ffn_norm.weight", (d,), Q.F32, "norm"),
-            Spec(p + "attn_k_norm.weight", (hd,), Q.F32, "norm"),
-            Spec(p + "attn_k.weight", (kvd, d), qtype, "matrix", d),
-            Spec(p + "attn_output.weight", (d, qd), qtype, "matrix", qd),
-            Spec(p + "attn_q_norm.weight", (hd,), Q.F32, "norm"),
-            Spec(p + "attn_q.weight", (qd, d), qtype, "matrix", d),
-            Spec(p + "attn_v.weight", (kvd, d), qtype, "matrix", d),
+            spec(p + "attn_norm.weight", (d,), "norm"),
+            spec(p + "ffn_down.weight", (d, ff), "matrix", ff),
+            spec(p + "ffn_gate.weight", (ff, d), "matrix", d),
+            spec(p + "ffn_up.weight", (ff, d), "matrix", d),
+            spec(p + "ffn_norm.weight", (d,), "norm"),
+            spec(p + "attn_k_norm.weight", (hd,), "norm"),
+            spec(p + "attn_k.weight", (kvd, d), "matrix", d),
+            spec(p + "attn_output.weight", (d, qd), "matrix", qd),
+            spec(p + "attn_q_norm.weight", (hd,), "norm"),
+            spec(p + "attn_q.weight", (qd, d), "matrix", d),
+            spec(p + "attn_v.weight", (kvd, d), "matrix", d),
         ]
-    specs.append(Spec("output_norm.weight", (d,), Q.F32, "norm"))
+    specs.append(spec("output_norm.weight", (d,), "norm"))
     return specs
 
 
-def vision_specs(n_layer: int, qtype: Q) -> list[Spec]:
-    v, d_text = VISION, TEXT["n_embd"]
+def vision_specs(n_layer: int, qtype: Q, v: dict = VISION, d_text: int = TEXT["n_embd"]) -> list[Spec]:
     d, ff, p, s = v["n_embd"], v["n_ff"], v["patch"], v["merge"]
     special = Q.F16 if qtype == Q.F16 else Q.F32  # patch conv and merger: F32 unless outtype f16
     specs = [
@@ -200,32 +214,58 @@ def _write_streamed(w: gguf.GGUFWriter, spec: Spec, chunks) -> None:
     w.state = gguf.gguf_writer.WriterState.WEIGHTS
 
 
-def tokenizer_kv() -> list[tuple[str, object, V, V | None]]:
+def tokenizer_kv(n_vocab: int = TEXT["n_vocab"]) -> list[tuple[str, object, V, V | None]]:
+    """The fixture's tokenizer metadata; below its 151,936 entries a pruned vocabulary (see the
+    module docstring) whose token list, types, merges and special ids agree with each other."""
     sys.path.insert(0, str(ROOT))
     from pantheon_ocr.engine.gguf import open_gguf
 
     gf = open_gguf(FIXTURE_TEXT)
+    meta = {key: gf.metadata[key] for key, _, _ in TOKENIZER_KEYS}
+    if n_vocab < len(meta["tokenizer.ggml.tokens"]):
+        meta = _pruned(meta, n_vocab)
     out = []
     for key, vtype, sub in TOKENIZER_KEYS:
-        value = gf.metadata[key]
-        if isinstance(value, np.ndarray):
-            value = value.tolist()
-        out.append((key, value, vtype, sub))
+        value = meta[key]
+        out.append((key, value.tolist() if isinstance(value, np.ndarray) else value, vtype, sub))
     return out
 
 
+def _pruned(meta: dict, n_vocab: int) -> dict:
+    tokens, types = meta["tokenizer.ggml.tokens"], np.asarray(meta["tokenizer.ggml.token_type"])
+    added = list(range(*QWEN_ADDED))
+    named = [i for i, tok in enumerate(tokens) if tok in PROMPT_WORDS]  # the prompt's own pieces
+    first = [i for i in range(n_vocab) if i not in named][: n_vocab - len(added) - len(named)]
+    keep = sorted(first + named) + added  # old ids, in their new order
+    new_id = {old: new for new, old in enumerate(keep)}
+    kept = {tokens[i] for i in keep}
+    merges = [m for m in meta["tokenizer.ggml.merges"]
+              if (parts := m.split(" ")) and len(parts) == 2 and {parts[0], parts[1], parts[0] + parts[1]} <= kept]
+    return meta | {
+        "tokenizer.ggml.tokens": [tokens[i] for i in keep],
+        "tokenizer.ggml.token_type": types[keep],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": new_id[meta["tokenizer.ggml.eos_token_id"]],
+        "tokenizer.ggml.padding_token_id": new_id[meta["tokenizer.ggml.padding_token_id"]],
+    }
+
+
 def make_pair(out_dir: Path, vision_layers: int = VISION["n_layer"], text_layers: int = TEXT["n_layer"],
-              dtype: str = "BF16", seed: int = 0, log=print) -> tuple[Path, Path]:
-    """Write the pair; returns (text path, mmproj path)."""
-    qtype = DTYPES[dtype]
+              dtype: str = "BF16", seed: int = 0, log=print, *, text: dict | None = None, vision: dict | None = None,
+              n_vocab: int | None = None, mmproj_dtype: str | None = None, tag: str | None = None) -> tuple[Path, Path]:
+    """Write the pair; returns (text path, mmproj path). `text` / `vision` override shapes of
+    TEXT / VISION, `n_vocab` prunes the vocabulary, `mmproj_dtype` sets the mmproj's matrix
+    type (default: `dtype`, F16 for K-quants), `tag` the file names' suffix."""
+    mmproj_dtype = mmproj_dtype or (dtype if dtype in ("BF16", "F16", "Q8_0", "F32") else "F16")
+    qtype = DTYPES[mmproj_dtype]
     out_dir.mkdir(parents=True, exist_ok=True)
-    tag = f"{dtype.lower()}" + ("" if (vision_layers, text_layers) == (24, 28) else f"-v{vision_layers}-t{text_layers}")
+    tag = tag or f"{dtype.lower()}" + ("" if (vision_layers, text_layers) == (24, 28) else f"-v{vision_layers}-t{text_layers}")
     text_path = out_dir / f"lightonocr-1b-random-{tag}.gguf"
     mmproj_path = out_dir / f"mmproj-lightonocr-1b-random-{tag}.gguf"
-    ft = FILE_TYPE[qtype]
-    t, v = TEXT, VISION
+    t = TEXT | (text or {}) | ({"n_vocab": n_vocab} if n_vocab else {})
+    v = VISION | (vision or {})
 
-    tspecs = text_specs(text_layers, qtype)
+    tspecs = text_specs(text_layers, dtype, t)
     n_text = sum(int(np.prod(s.shape)) for s in tspecs)
     text_kv = [
         ("general.type", "model", V.STRING, None),
@@ -241,17 +281,17 @@ def make_pair(out_dir: Path, vision_layers: int = VISION["n_layer"], text_layers
         ("qwen3.attention.layer_norm_rms_epsilon", t["eps"], V.FLOAT32, None),
         ("qwen3.attention.key_length", t["head_dim"], V.UINT32, None),
         ("qwen3.attention.value_length", t["head_dim"], V.UINT32, None),
-        ("general.file_type", ft, V.UINT32, None),
+        ("general.file_type", quantize_gguf.FTYPES[dtype], V.UINT32, None),
         ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32, None),
-    ] + tokenizer_kv()
+    ] + tokenizer_kv(t["n_vocab"])
 
-    vspecs = vision_specs(vision_layers, qtype)
+    vspecs = vision_specs(vision_layers, qtype, v, t["n_embd"])
     n_vis = sum(int(np.prod(s.shape)) for s in vspecs)
     mmproj_kv = [
         ("general.type", "mmproj", V.STRING, None),
         ("general.name", "LightOnOCR 1B Random", V.STRING, None),
         ("general.size_label", size_label(n_vis), V.STRING, None),
-        ("general.file_type", ft, V.UINT32, None),
+        ("general.file_type", quantize_gguf.FTYPES[mmproj_dtype], V.UINT32, None),
         ("clip.has_vision_encoder", True, V.BOOL, None),
         ("clip.vision.projection_dim", t["n_embd"], V.UINT32, None),
         ("clip.vision.image_size", v["image_size"], V.UINT32, None),
@@ -270,7 +310,7 @@ def make_pair(out_dir: Path, vision_layers: int = VISION["n_layer"], text_layers
     ]
     if log:
         log(f"text: {text_layers} layers, {n_text / 1e6:.0f}M params; vision+projector: {vision_layers} layers, "
-            f"{n_vis / 1e6:.0f}M params; matrices {dtype}")
+            f"{n_vis / 1e6:.0f}M params; matrices {dtype} (mmproj {mmproj_dtype})")
     write_gguf(text_path, "qwen3", text_kv, tspecs, seed, log)
     write_gguf(mmproj_path, "clip", mmproj_kv, vspecs, seed, log)
     return text_path, mmproj_path
@@ -282,12 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vision-layers", type=int, default=VISION["n_layer"])
     ap.add_argument("--text-layers", type=int, default=TEXT["n_layer"])
     ap.add_argument("--dtype", choices=list(DTYPES), default="BF16", help="type of the weight matrices")
+    ap.add_argument("--n-vocab", type=int, default=TEXT["n_vocab"], help="below 151936: a pruned vocabulary")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.vision_layers < 1 or a.text_layers < 1:
         ap.error("layer counts must be at least 1")
+    if not 1024 <= a.n_vocab <= TEXT["n_vocab"]:
+        ap.error(f"--n-vocab must be between 1024 and {TEXT['n_vocab']}")
     t0 = time.perf_counter()
-    text, mmproj = make_pair(a.out_dir, a.vision_layers, a.text_layers, a.dtype, a.seed)
+    text, mmproj = make_pair(a.out_dir, a.vision_layers, a.text_layers, a.dtype, a.seed, n_vocab=a.n_vocab)
     print(f"wrote {text} ({text.stat().st_size / 1e6:.0f} MB) and {mmproj} ({mmproj.stat().st_size / 1e6:.0f} MB) "
           f"in {time.perf_counter() - t0:.0f} s")
     print(f"  pantheon-ocr transcribe PAGE.pdf --model {text} --mmproj {mmproj}")

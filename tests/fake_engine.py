@@ -165,6 +165,26 @@ class FakeEngine:
             self.on_step(n)
 
 
+class WritingSeq(FakeSeq):
+    def __init__(self, text: str, *args):
+        self._text = text
+        super().__init__(*args)
+
+    def text(self) -> str:
+        return self._text
+
+
+class WritingEngine(FakeEngine):
+    """FakeEngine whose pages read as `write(features)`: a bbox model's image links, say."""
+
+    def __init__(self, write: Callable[[FakeFeatures], str], **kw):
+        super().__init__(**kw)
+        self.write = write
+
+    def prefill(self, features: FakeFeatures, sampling) -> FakeSeq:
+        return WritingSeq(self.write(features), features, self.n_tokens(features), sampling.max_tokens, False, None)
+
+
 class SamplingEngine(FakeEngine):
     """FakeEngine whose chosen pages loop while the temperature is below a threshold, so a
     retry with a hotter setting gets out of the loop (or never, without a threshold).

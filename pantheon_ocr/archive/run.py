@@ -29,6 +29,7 @@ from ..engine.loader import EngineOptions, resolve_model
 from ..errors import ExitCode, JobError, ModelError, PantheonError, path_text, run_exit_code
 from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
+from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source
 from ..pipeline.outputs import write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
@@ -123,6 +124,7 @@ class _JobRun:
         self.on_progress, self.say = on_progress, say
         # the text-layer fallback of pages that failed every attempt (a worker started on first use)
         self.fallback = TextLayerFallback(spec.ocr["password"], spec.ocr["render_timeout"])
+        self.figures = FigureCropper(spec.ocr["password"], spec.ocr["render_timeout"])  # bbox models' image regions
         self.options = spec.pipeline_options()
         self.log = RunLog()  # what this run did, for its report
         self.docs: dict[str, tuple[int, Document]] = {}  # doc_id -> (row id, document) of this run
@@ -196,6 +198,7 @@ class _JobRun:
         except Exception as e:  # noqa: BLE001 - the run's record matters more
             self.say(f"warning: closing the executor failed: {type(e).__name__}: {e}")
         self.fallback.close()
+        self.figures.close()
         self.log.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.log.notes]
         try:
             counts = self.state.counts()
@@ -306,6 +309,7 @@ class _JobRun:
             status, error = "failed", "no page could be read"  # like transcribe: write nothing
         else:
             try:
+                results = self.figures.apply(results, paths.base)
                 write_document(paths, results, formats, self.options.page_files, Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 if self.options.page_files:
                     _remove_old_page_files(paths, {r.page for r in results})

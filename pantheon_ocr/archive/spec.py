@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import JobError, path_text
+from ..engine.catalog import parse_name
 from ..engine.sampling import SamplingOptions
 from ..pipeline.files import open_regular
 from ..pipeline.types import FORMATS, MAX_LONGEST_EDGE, PipelineOptions
@@ -120,6 +121,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "rehash": (_bool, False),  # hash every document each run, not only when size/mtime changed
     },
     "model": {
+        "name": (_str, None),  # a pulled model (`pantheon-ocr models pull NAME`), instead of text/mmproj files
         "text": (_str, None),
         "mmproj": (_str, None),
         "weights": (_choice("f32", "quantized"), "f32"),
@@ -263,6 +265,12 @@ def parse_job(data: dict, path: Path) -> JobSpec:
         return (base / Path(p).expanduser()).absolute()
 
     model = dict(values["model"])
+    if model["name"] and model["text"]:
+        raise JobError(f"{where}: model.name and model.text: give one (a pulled model's name, or the text GGUF)")
+    if model["text"] and not resolve(model["text"]).exists() and _model_name(model["text"], where):
+        model["name"], model["text"] = model["text"], None  # `text = "lightonocr-2"`: a name, not a file here
+    if model["name"]:
+        _model_name(model["name"], where, required=True)
     for key in ("text", "mmproj"):
         model[key] = resolve(model[key]) if model[key] else None
     stem = path.stem
@@ -280,6 +288,19 @@ def parse_job(data: dict, path: Path) -> JobSpec:
         lock=values["lock"],
         ray=values["ray"],
     )
+
+
+def _model_name(value: str, where: str, required: bool = False) -> bool:
+    """Whether `value` is a model name (engine/catalog.py); JobError for a malformed one."""
+    from ..errors import UsageError
+
+    try:
+        ok = parse_name(value) is not None
+    except UsageError as e:
+        raise JobError(f"{where}: model: {e}") from None
+    if required and not ok:
+        raise JobError(f"{where}: model.name: {value!r} is not a model name (a short name such as lightonocr-2, or owner/repo)")
+    return ok
 
 
 def _did_you_mean(key: str, known: list[str], prefix: str = "") -> str:

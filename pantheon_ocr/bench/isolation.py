@@ -1,5 +1,5 @@
-"""One process per benchmark configuration: its own peak RSS (ru_maxrss) and its own BLAS thread
-count (OPENBLAS_NUM_THREADS etc. are read once, when numpy loads).
+"""One process per benchmark configuration: its own peak RSS (ru_maxrss) and its own thread
+count (the child sets it with engine.threads.set_threads before it runs the benchmark).
 
     run_isolated("pantheon_ocr.bench.stages:bench_vision", {...}, threads=1)
 
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from ..engine.threads import blas_env
+from ..engine.threads import set_threads
 
 _RESULT_MARK = "@@bench-result@@ "
 
@@ -45,11 +45,8 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
         result = _call(func, kwargs)
         result["peak_rss_mb"] = peak_rss_mb()
     else:
-        env = dict(os.environ)
-        if threads:
-            env.update(blas_env(threads))
-        payload = json.dumps({"func": func, "kwargs": kwargs})
-        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload], env=env,
+        payload = json.dumps({"func": func, "kwargs": kwargs, "threads": threads})
+        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
         if proc.returncode != 0 or not lines:
@@ -72,6 +69,10 @@ def _call(func: str, kwargs: dict[str, Any]) -> dict:
 
 def _child(payload: str) -> int:
     spec = json.loads(payload)
+    if spec.get("threads"):
+        import numpy  # noqa: F401 - load the BLAS first, so that its pool is there to limit
+
+        set_threads(spec["threads"])
     result = _call(spec["func"], spec["kwargs"])
     result["peak_rss_mb"] = peak_rss_mb()
     print(_RESULT_MARK + json.dumps(result), flush=True)

@@ -9,7 +9,8 @@ Result shape (JSON, one entry per configuration; the archive HTML report can sho
       "pages":   [{"doc", "page", "n_tokens", "finish_reason", "error",
                    "seconds": {"render", "vision", "prefill", "decode"}, "decode_tok_s"}, ...],
       "summary": {"pages", "pages_failed", "tokens", "wall_s", "pages_per_min", "tokens_per_s",
-                  "decode_tok_s", "mean_batch", "busy_s": {"render", "vision", "prefill", "decode"},
+                  "decode_tok_s", "mean_batch", "max_decode_gap_s",
+                  "busy_s": {"render", "vision", "prefill", "decode"},
                   "mean_page_s": {...}, "load_s", "peak_rss_mb", "load_avg_before",
                   "load_avg_after"}}, ...]
 
@@ -18,6 +19,8 @@ vision thread, prefill on the CPU thread, decode = wall time of the batched step
 part in (shared with the other pages of the batch, so they do not add up across pages).
 `busy_s` is how long each stage kept its thread busy over the whole run (render: summed over
 pages, in the worker processes). `decode_tok_s` (summary) = generated tokens / decode busy time.
+`max_decode_gap_s` is the longest the running pages waited between two decode steps (a page's
+prefill, or its vision without overlap, in between): chunked prefill keeps it to one chunk.
 """
 
 from __future__ import annotations
@@ -43,13 +46,19 @@ class PageConfig:
     weights: str = "f32"
     flash: bool = True
     overlap: bool = True
-    threads: int | None = None  # BLAS threads (None: numpy's default)
+    threads: int | None = None  # threads per stage (None: engine.threads.stage_threads decides)
+    vision_backend: str = "numpy"  # numpy, torch or auto (auto: torch in bfloat16 on CPUs that have it)
+    kv_dtype: str = "float32"  # the KV pool's dtype (float16: half the memory)
+    prefill_chunk: int | None = None  # prompt tokens per prefill step (None: the engine's default)
 
     @property
     def name(self) -> str:
         th = "" if self.threads is None else f" t{self.threads}"
+        extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != "numpy" else "",
+                         " kv16" if self.kv_dtype == "float16" else "",
+                         f" chunk={self.prefill_chunk}" if self.prefill_chunk else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
-                f"overlap={'on' if self.overlap else 'off'}{th}")
+                f"overlap={'on' if self.overlap else 'off'}{th}{extra}")
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,11 @@ class PageBenchOptions:
     render_workers: int = 2
 
 
-def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(True,), threads=(None,)) -> list[PageConfig]:
+def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(True,), threads=(None,),
+                   vision_backend="numpy", kv_dtype="float32", prefill_chunk=None) -> list[PageConfig]:
     """Every combination, in a stable order (batch size varies fastest)."""
-    return [PageConfig(b, w, f, o, t) for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
+    return [PageConfig(b, w, f, o, t, vision_backend, kv_dtype, prefill_chunk)
+            for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
 
 
 # --------------------------------------------------------------------- one configuration
@@ -80,10 +91,18 @@ class TimedEngine:
     def __init__(self, inner):
         self.inner = inner
         self.longest_edge = inner.longest_edge
+        for name in ("segment", "line_height", "page_edge", "patch_size"):  # how the model cuts pages
+            if hasattr(inner, name):
+                setattr(self, name, getattr(inner, name))
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
         self.decode_tokens = 0
         self.decode_steps = 0
         self.batch_sizes: Counter = Counter()
+        # Decode as the running pages see it: the span from the first decode step to the last,
+        # and the longest wait between two steps (a prefill or vision call in between).
+        self.decode_first: float | None = None
+        self.decode_last: float | None = None
+        self.max_decode_gap = 0.0
 
     def vision(self, image):
         t = time.perf_counter()
@@ -99,16 +118,33 @@ class TimedEngine:
         finally:
             self.busy["prefill"] += time.perf_counter() - t
 
+    def start_prefill(self, features, sampling):
+        return self.inner.start_prefill(features, sampling)
+
+    def prefill_step(self, seq):
+        t = time.perf_counter()
+        try:
+            return self.inner.prefill_step(seq)
+        finally:
+            self.busy["prefill"] += time.perf_counter() - t
+
     def decode_step(self, seqs):
         live = sum(not s.finished for s in seqs)
         t = time.perf_counter()
+        if self.decode_last is not None:
+            self.max_decode_gap = max(self.max_decode_gap, t - self.decode_last)
+        if self.decode_first is None:
+            self.decode_first = t
         try:
             return self.inner.decode_step(seqs)
         finally:
-            self.busy["decode"] += time.perf_counter() - t
+            self.decode_last = time.perf_counter()
+            self.busy["decode"] += self.decode_last - t
             self.decode_tokens += live
             self.decode_steps += 1
             self.batch_sizes[live] += 1
+            if all(s.finished for s in seqs):
+                self.decode_last = None  # the batch drained: waiting for new pages is no stall
 
 
 def build_engine(opts: PageBenchOptions, config: PageConfig):
@@ -118,7 +154,8 @@ def build_engine(opts: PageBenchOptions, config: PageConfig):
     t0 = time.perf_counter()
     engine, _ = load_page_engine(EngineOptions(
         opts.model, opts.mmproj, weights=config.weights, vision_layers=opts.vision_layers,
-        text_layers=opts.text_layers, flash=config.flash, ignore_eos=opts.ignore_eos))
+        text_layers=opts.text_layers, flash=config.flash, ignore_eos=opts.ignore_eos,
+        vision_backend=config.vision_backend, kv_dtype=config.kv_dtype, prefill_chunk=config.prefill_chunk))
     return engine, time.perf_counter() - t0
 
 
@@ -144,7 +181,10 @@ def run_config(opts: dict, config: dict) -> dict:
     from ..pipeline.types import PipelineOptions
     from .isolation import peak_rss_mb
 
+    from ..engine.threads import cpu_count, set_threads, stage_threads
+
     o, c = PageBenchOptions(**{**opts, "inputs": tuple(opts["inputs"])}), PageConfig(**config)
+    set_threads(stage_threads(c.threads, c.overlap) or cpu_count())
     inner, load_s = build_engine(o, c)
     _warm_up(inner)
     engine = TimedEngine(inner)
@@ -198,6 +238,7 @@ def run_config(opts: dict, config: dict) -> dict:
             "tokens_per_s": summary.tokens / wall if wall else 0.0,
             "decode_tok_s": engine.decode_tokens / engine.busy["decode"] if engine.busy["decode"] else 0.0,
             "mean_batch": engine.decode_tokens / engine.decode_steps if engine.decode_steps else 0.0,
+            "max_decode_gap_s": engine.max_decode_gap,
             "busy_s": busy,
             "mean_page_s": {s: float(np.mean([p["seconds"][s] for p in ok])) if ok else 0.0 for s in STAGES},
             "load_s": load_s,
@@ -249,14 +290,15 @@ def format_table(results: list[dict], header: bool = True) -> str:
     lines = []
     if header:
         lines.append(f"{'configuration':38} {'pages':>5} {'tokens':>6} {'wall s':>7} {'pages/min':>9} {'tok/s':>6} "
-                     f"{'dec tok/s':>9} {'mean B':>6} | {'per page s: render':>18} {'vision':>7} {'prefill':>7} "
+                     f"{'dec tok/s':>9} {'mean B':>6} {'gap s':>6} | {'per page s: render':>18} {'vision':>7} {'prefill':>7} "
                      f"{'decode':>7} | {'busy %: vis':>11} {'pre':>4} {'dec':>4} | {'peak RSS':>9} {'load':>5}")
     for r in results:
         s, m, b = r["summary"], r["summary"]["mean_page_s"], r["summary"]["busy_s"]
         wall = s["wall_s"] or 1.0
         lines.append(
             f"{r['config']['name']:38} {s['pages']:5d} {s['tokens']:6d} {s['wall_s']:7.1f} {s['pages_per_min']:9.2f} "
-            f"{s['tokens_per_s']:6.2f} {s['decode_tok_s']:9.2f} {s['mean_batch']:6.1f} | {m['render']:18.2f} "
+            f"{s['tokens_per_s']:6.2f} {s['decode_tok_s']:9.2f} {s['mean_batch']:6.1f} "
+            f"{s.get('max_decode_gap_s', 0.0):6.1f} | {m['render']:18.2f} "
             f"{m['vision']:7.2f} {m['prefill']:7.2f} {m['decode']:7.2f} | {100 * b['vision'] / wall:11.0f} "
             f"{100 * b['prefill'] / wall:4.0f} {100 * b['decode'] / wall:4.0f} | {s['peak_rss_mb']:6.0f} MB "
             f"{s['load_avg_before']:5.1f}"

@@ -105,7 +105,7 @@ def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, 
     from ..bench.isolation import cpu_info, run_isolated
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
-    storages = _choices(weights, "--weights", ("quantized", "f32"))
+    storages = _choices(weights, "--weights", ("quantized", "f32", "bf16"))
     flashes = _on_off(flash, "--flash")
     thread_list = _threads(threads)
     q_block_list = [None] if not q_blocks else _ints(q_blocks, "--q-block")
@@ -167,7 +167,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
                f"{'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
-        for st in _choices(weights, "--weights", ("quantized", "f32")):
+        for st in _choices(weights, "--weights", ("quantized", "f32", "bf16")):
             kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers)
             r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)
             out.append(r)
@@ -184,14 +184,20 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
 
 @bench.command("pages")
 @click.argument("inputs", nargs=-1)
-@click.option("--model", help="Text GGUF, or a directory holding the text and mmproj GGUFs.")
+@click.option("--model", help="Text GGUF, a directory holding the text and mmproj GGUFs, or a pulled model's name.")
 @click.option("--mmproj", help="mmproj GGUF.")
 @click.option("--synthetic", type=click.IntRange(1), help="Also OCR N synthetic Letter pages (one PDF).")
 @click.option("--batch-size", "batch_sizes", default="8", show_default=True, help="e.g. 1,8")
-@click.option("--weights", default="f32", show_default=True, help="e.g. quantized,f32")
+@click.option("--weights", default="f32", show_default=True, help="e.g. quantized,f32,bf16")
 @click.option("--flash", default="on", show_default=True, help="e.g. on,off")
 @click.option("--overlap", default="on", show_default=True, help="e.g. on,off")
-@click.option("--threads", default=None, help="BLAS threads, e.g. 1,2 (default: numpy's).")
+@click.option("--threads", default=None,
+              help="Threads per stage, e.g. 1,2 (default: half the cores each with overlap, else all).")
+@click.option("--vision-backend", type=click.Choice(["numpy", "torch", "auto"]), default="numpy", show_default=True,
+              help="auto: torch on the CPU, in bfloat16 where the CPU has bfloat16 units.")
+@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+              help="Prompt tokens per prefill step (default: the engine's, 512).")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1), help="Per page.")
 @click.option("--ignore-eos/--stop-at-eos", default=False, show_default=True,
               help="Generate exactly --max-tokens per page (random-weight models: no EOS, no loop guard).")
@@ -206,9 +212,9 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write [{config, pages, summary}, ...] for the archive report.")
-def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, max_tokens, ignore_eos,
-          longest_edge, vision_layers, text_layers, pages_per_config, render_workers, repeats, in_process,
-          json_path) -> None:
+def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, vision_backend, kv_dtype,
+          prefill_chunk, max_tokens, ignore_eos, longest_edge, vision_layers, text_layers, pages_per_config,
+          render_workers, repeats, in_process, json_path) -> None:
     """Run the page pipeline over PDFs/images (or synthetic pages) per configuration; per-page
     seconds by stage, tokens/s, pages/min, peak RSS, side by side."""
     import tempfile
@@ -223,8 +229,9 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     if not inputs and not synthetic:
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
-        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", ("quantized", "f32")),
+        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", ("quantized", "f32", "bf16")),
         flash=_on_off(flash, "--flash"), overlap=_on_off(overlap, "--overlap"), threads=_threads(threads),
+        vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )
     if pages_per_config not in ("all", "auto"):
         _ints(pages_per_config, "--pages-per-config")

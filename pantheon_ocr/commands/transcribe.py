@@ -28,15 +28,22 @@ from ..errors import ExitCode, path_text
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", type=click.IntRange(1),
-              help="BLAS threads per stage (default: half the cores with --overlap, else all).")
-@click.option("--weights", type=click.Choice(["quantized", "f32"]), default="f32", show_default=True,
-              help="Weight storage: resident float32 (fast) or kept quantized (least memory).")
+              help="Math threads per stage (default: half the cores each with --overlap, else all).")
+@click.option("--weights", type=click.Choice(["quantized", "f32", "bf16"]), default="f32", show_default=True,
+              help="Weight storage: resident float32 (numpy), bfloat16 (torch: half the memory, fastest on "
+                   "CPUs with bfloat16 units) or kept quantized (least memory).")
+@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="KV cache type: float16 halves its memory (numpy attention gets slower).")
+@click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+              help="Prompt tokens prefilled between two decode steps (default 512): pages already "
+                   "decoding never wait for a whole page's prompt.")
 @click.option("--vision-backend", type=click.Choice(["numpy", "torch", "coreml", "auto"]), default="numpy",
               show_default=True)
 @click.option("--device", default=None,
               help="torch device for --vision-backend torch/auto and the --gpu-* switches (cpu, cuda, cuda:N, mps).")
-@click.option("--vision-dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
-              show_default=True, help="Vision compute type: torch (float32/bfloat16/float16), Core ML (float32/float16).")
+@click.option("--vision-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Vision compute type: torch (float32/bfloat16/float16), Core ML (float32/float16); "
+                                      "auto: bfloat16 for torch on CPUs with bfloat16 units, else float32.")
 @click.option("--gpu-prefill", is_flag=True,
               help="Run the prefill projections on the torch --device (weights uploaded once); decode stays on the CPU.")
 @click.option("--gpu-decode", is_flag=True, help="Run the batched decode matmuls on the torch --device.")
@@ -54,14 +61,14 @@ from ..errors import ExitCode, path_text
               help="A PDF page whose OCR failed takes the PDF's own text layer, marked as such, if it has one.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def transcribe(inputs, model, mmproj, output, pages, formats, page_files, password, batch_size, max_tokens,
-               temperature, top_p, seed, threads, weights, vision_backend, device, vision_dtype, gpu_prefill,
+               temperature, top_p, seed, threads, weights, kv_dtype, prefill_chunk, vision_backend, device, vision_dtype, gpu_prefill,
                gpu_decode, overlap, skip_existing, segment, render_workers, page_timeout, text_fallback, progress) -> None:
     """Transcribe PDFs and images (files, folders, globs) to Markdown, one file per document."""
-    from ..engine.threads import set_blas_threads, stage_threads
+    from ..engine.threads import set_threads, stage_threads
 
     threads = stage_threads(threads, overlap)
-    if threads:  # before the engine loads numpy's BLAS
-        set_blas_threads(threads)
+    if threads:  # numpy's BLAS, OpenMP, and torch whenever it loads
+        set_threads(threads)
     from ..engine.loader import EngineOptions, load_page_engine, resolve_model
     from ..engine.sampling import SamplingOptions
     from ..pipeline.inputs import expand_inputs
@@ -91,7 +98,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
     engine, notes = load_page_engine(EngineOptions(
         text_path, mmproj_path, weights, vision_backend, device, vision_dtype=vision_dtype, gpu_prefill=gpu_prefill,
-        gpu_decode=gpu_decode))
+        gpu_decode=gpu_decode, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk))
     for note in notes:
         click.echo(f"note: {note}", err=True)
     summary = run_pipeline(documents, engine, options, on_progress=progress_bar() if progress else None)

@@ -109,7 +109,8 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float) -> np.ndarray:
-    """One query per head against every cached key: q [Hq, D], k/v [Hkv, L, D] -> [Hq, D]."""
+    """Reference for one sequence: one query per head against every cached key:
+    q [Hq, D], k/v [Hkv, L, D] -> [Hq, D]. The decoder itself uses padded_decode_attention."""
     hq, d = q.shape
     hkv = k.shape[0]
     qg = q.reshape(hkv, hq // hkv, d) * np.float32(scale)  # [Hkv, g, D]
@@ -120,15 +121,56 @@ def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: floa
     return (p @ v).reshape(hq, d)
 
 
+def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths: np.ndarray, *,
+                            scale: float, block: int = KV_BLOCK) -> np.ndarray:
+    """One decode step of n sequences at once: q [n, Hq, D] (one query each), k/v [n, Hkv, cap, D]
+    (one padded buffer, cap a multiple of `block`), lengths [n] keys each row holds (0: the row
+    takes no part; its output is 0) -> [n, Hq, D] float32.
+
+    Exact whatever n and the lengths beside a row: keys go in blocks of `block`, every matmul is
+    a stack of per-(sequence, head) products of one fixed shape, scores past a row's length are
+    -inf (weight exactly 0), and the per-block sums are added one block after the other, so the
+    blocks a longer neighbour adds contribute exact zeros. A sequence decoded alone (n = 1) gets
+    the very same bits. K/V stored in float16 are widened one block at a time."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n_blk = max(1, -(-int(lengths.max()) // block))
+    # Scores are kept transposed, [n, Hkv, keys, g]: K_block [blk, D] @ q^T [D, g] is the GEMM
+    # OpenBLAS runs ~2x faster than q [g, D] @ K_block^T (measured, B = 16, 3,000 keys).
+    qt = np.ascontiguousarray((q.reshape(n, hkv, g, d) * np.float32(scale)).swapaxes(-1, -2))  # [n, Hkv, D, g]
+    s = np.empty((n, hkv, n_blk * block, g), np.float32)
+    for j in range(n_blk):
+        kb = k[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)  # [n, Hkv, blk, D]
+        np.matmul(kb, qt, out=s[:, :, j * block : (j + 1) * block])
+    hidden = np.arange(n_blk * block)[None, :] >= lengths[:, None]  # [n, padded L]
+    np.copyto(s, np.float32(-np.inf), where=hidden[:, None, :, None])
+    m = s.max(axis=-2, keepdims=True)  # [n, Hkv, 1, g]
+    m[~np.isfinite(m)] = 0  # a row with no key (length 0): exp(-inf) = 0 everywhere, no NaN
+    np.subtract(s, m, out=s)
+    np.exp(s, out=s)  # p
+    acc = np.zeros((n, hkv, g, d), np.float32)
+    total = np.zeros((n, hkv, 1, g), np.float32)
+    for j in range(n_blk):
+        p = s[:, :, j * block : (j + 1) * block]  # [n, Hkv, blk, g]
+        total += p.sum(axis=-2, keepdims=True)
+        acc += p.swapaxes(-1, -2) @ v[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)
+    total[total == 0] = 1  # rows with no key: 0 / 1
+    return (acc / total.swapaxes(-1, -2)).reshape(n, hq, d)
+
+
 def cached_attention(cache, layer: int, pos0: int, q, k, v, *, scale: float,
                      window: int = 0, flash: bool = True) -> np.ndarray:
     """Attention of a chunk (q [Hq,T,D], new k/v [Hkv,T,D] at positions pos0..) over the cache
     plus itself; writes the new k/v into the cache. Returns [Hq, T, D]."""
     t = q.shape[1]
-    if t == 1:
+    if t == 1:  # the decode path over the sequence's own pool slot (see cache.decode_attend)
         cache.write(layer, pos0, k, v)
-        kk, vv = cache.slots(layer, pos0 + 1)
-        return decode_attention(q[:, 0], kk, vv, scale=scale)[:, None]
+        sl = slice(cache.slot, cache.slot + 1)
+        a = padded_decode_attention(q[:, 0][None], cache.pool.k[layer][sl], cache.pool.v[layer][sl],
+                                    [cache.held(pos0 + 1)], scale=scale)
+        return a[0][:, None]
     if cache.ring and pos0 + t > cache.max_seq:
         # The chunk would overwrite keys its own early queries still need: attend over the
         # held prefix + the chunk with the window mask, then store.

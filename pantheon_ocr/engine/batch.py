@@ -1,8 +1,13 @@
 """B independent sequences advanced together by one token each.
 
 `forward_batch` runs the decoder's own layer loop over B rows, one per sequence, so every
-projection is one M=B matmul (each weight read once per step for all B sequences); only
-attention is per sequence (each has its own cache and position, see cache.Rows).
+projection is one M=B matmul (each weight read once per step for all B sequences), and attention
+one padded computation over the sequences' KV pool slots (cache.decode_attend).
+
+Bit-identical to one sequence at a time: a decode step's matmuls are exact-rows (weights.py,
+blocks of ROW_BLOCK rows, each block the same GEMM shape) and its attention is computed per
+fixed-size KV block (attention.padded_decode_attention), so row b's logits are exactly the ones
+`decoder.forward(states[b], [tokens[b]])` gives, whatever B and whoever else is in the batch.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int
     for b, row in (embd_rows or {}).items():
         x[b] = row
     x = decoder.run(Rows(states, [1] * len(states)), x, tokens)
-    return decoder.logits_of(x)
+    return decoder.logits_of(x, exact=True)
 
 
 def batch_logits(decoder: Decoder, states: list[DecoderState], tokens: list[int]) -> np.ndarray:

@@ -6,74 +6,174 @@ is one segment of T rows; `forward_batch` is B segments of one row each. Every l
 roped q/k/v to `rows.attend(layer, q, k, v)`, which writes k/v into the sequences' caches and
 returns their attention; after the last layer `rows.advance(tokens)` moves the positions on.
 Nothing else writes a cache or a position.
+
+The caches of a decoder's sequences live in one `KVPool`: per layer one padded buffer
+[slots, Hkv, cap, D] for K and one for V, a sequence owning a slot. A decode step of B sequences
+is then one padded attention over their slots (attention.padded_decode_attention), and a single
+sequence's decode step is the same computation over its one slot, bit for bit.
 """
 
 from __future__ import annotations
 
+import heapq
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .attention import cached_attention
+from .attention import KV_BLOCK, cached_attention, padded_decode_attention
+
+FIRST_CAP = 256  # positions a new slot starts with; caps grow by doubling, in whole KV blocks
+
+
+def _blocks(n: int) -> int:
+    return -(-n // KV_BLOCK) * KV_BLOCK
+
+
+class KVPool:
+    """The K/V of every live sequence of one decoder: per layer k[layer], v[layer] of shape
+    [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
+    cap is a whole number of KV blocks. Zeroed memory is only committed once written, so a slot
+    costs memory for the positions it holds. dtype float16 halves the memory (and the bytes each
+    decode step reads); attention widens it to float32 a block at a time."""
+
+    def __init__(self, n_layer: int, n_kv: int, head_dim: int, dtype=np.float32):
+        self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
+        self.k = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
+        self.v = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
+        self.used: list[int] = []  # per slot: positions written (the part a copy must keep)
+        self._free: list[int] = []
+
+    def acquire(self) -> int:
+        if self._free:
+            return heapq.heappop(self._free)
+        self.used.append(0)
+        return len(self.used) - 1
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence is gone: zero what it wrote (padded attention multiplies the
+        weight-0 keys of its neighbours by these values, which must stay finite) and reuse it."""
+        n = self.used[slot]
+        for buf in (*self.k, *self.v):
+            if slot < buf.shape[0]:
+                buf[slot, :, : min(n, buf.shape[2])] = 0
+        self.used[slot] = 0
+        heapq.heappush(self._free, slot)
+
+    def reserve(self, layer: int, slot: int, n: int, limit: int) -> None:
+        """Make room in `layer` for `slot` to hold n positions; doubling stops at `limit`
+        (the sequence's max_seq)."""
+        slots, cap = self.k[layer].shape[0], self.k[layer].shape[2]
+        if slot < slots and n <= cap:
+            return
+        new_slots = max(slot + 1, slots, 2 * slots if slot >= slots else 0)
+        new_cap = _blocks(max(n, cap, min(2 * cap, limit) if n > cap else 0))
+        for buf in (self.k, self.v):
+            grown = np.zeros((new_slots, self.n_kv, new_cap, self.head_dim), self.dtype)
+            for s in range(min(slots, len(self.used))):  # slots past `used` were never acquired
+                n_s = min(self.used[s], cap)  # `used` counts every layer; this one may hold fewer
+                grown[s, :, :n_s] = buf[layer][s, :, :n_s]
+            buf[layer] = grown
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
 class KVCache:
-    """Per-layer K/V for one sequence, [Hkv, slots, D]. Grows on demand up to `max_seq`.
+    """One sequence's K/V: a slot of a KVPool (its own pool if none is given). Per layer the slot
+    holds [Hkv, cap, D]; `max_seq` bounds the positions.
 
     With `ring` (sliding window), max_seq = the window: position p lives in slot p % max_seq and
     a query at p reads min(p + 1, max_seq) slots.
     """
 
-    def __init__(self, n_layer: int, n_kv: int, head_dim: int, max_seq: int, ring: bool):
-        self.n_kv, self.head_dim, self.max_seq, self.ring = n_kv, head_dim, max_seq, ring
-        cap = min(max_seq, 256)
-        self.k = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
-        self.v = [np.zeros((n_kv, cap, head_dim), np.float32) for _ in range(n_layer)]
+    def __init__(self, n_layer: int, n_kv: int, head_dim: int, max_seq: int, ring: bool,
+                 pool: KVPool | None = None):
+        self.max_seq, self.ring = max_seq, ring
+        self.pool = pool if pool is not None else KVPool(n_layer, n_kv, head_dim)
+        self.slot = self.pool.acquire()
+        weakref.finalize(self, self.pool.release, self.slot)  # the slot returns when the state goes
+        for layer in range(n_layer):
+            self.pool.reserve(layer, self.slot, min(max_seq, FIRST_CAP), max_seq)
 
-    def _reserve(self, layer: int, n: int) -> None:
-        cap = self.k[layer].shape[1]
-        if n <= cap:
-            return
-        new = min(self.max_seq, max(n, 2 * cap))
-        for buf in (self.k, self.v):
-            grown = np.zeros((self.n_kv, new, self.head_dim), np.float32)
-            grown[:, :cap] = buf[layer]
-            buf[layer] = grown
+    @property
+    def k(self) -> list[np.ndarray]:
+        """Per layer this sequence's keys [Hkv, cap, D] (views into the pool)."""
+        return [buf[self.slot] for buf in self.pool.k]
+
+    @property
+    def v(self) -> list[np.ndarray]:
+        return [buf[self.slot] for buf in self.pool.v]
 
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
         t = k.shape[1]
         if not self.ring and pos0 + t > self.max_seq:
             raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
+        pool, slot = self.pool, self.slot
         if self.ring:
             keep = min(t, self.max_seq)
-            self._reserve(layer, min(pos0 + t, self.max_seq))
+            pool.reserve(layer, slot, min(pos0 + t, self.max_seq), self.max_seq)
             slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
-            self.k[layer][:, slots] = k[:, t - keep :]
-            self.v[layer][:, slots] = v[:, t - keep :]
+            pool.k[layer][slot][:, slots] = k[:, t - keep :]
+            pool.v[layer][slot][:, slots] = v[:, t - keep :]
+            end = min(pos0 + t, self.max_seq)
         else:
-            self._reserve(layer, pos0 + t)
-            self.k[layer][:, pos0 : pos0 + t] = k
-            self.v[layer][:, pos0 : pos0 + t] = v
+            pool.reserve(layer, slot, pos0 + t, self.max_seq)
+            pool.k[layer][slot, :, pos0 : pos0 + t] = k
+            pool.v[layer][slot, :, pos0 : pos0 + t] = v
+            end = pos0 + t
+        pool.used[slot] = max(pool.used[slot], end)
 
     def read(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keys/values of the positions before n_pos that are still held, with their positions,
         in ascending position order: (k [Hkv, L, D], v, positions [L])."""
+        k, v = self.pool.k[layer][self.slot], self.pool.v[layer][self.slot]
         if self.ring and n_pos > self.max_seq:
             first = n_pos - self.max_seq
             pos = np.arange(first, n_pos)
             slots = pos % self.max_seq
-            return self.k[layer][:, slots], self.v[layer][:, slots], pos
-        return self.k[layer][:, :n_pos], self.v[layer][:, :n_pos], np.arange(n_pos)
+            return k[:, slots], v[:, slots], pos
+        return k[:, :n_pos], v[:, :n_pos], np.arange(n_pos)
 
     def slots(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
         """All held keys/values in slot order (decode: order does not matter to softmax)."""
         n = min(n_pos, self.max_seq)
-        return self.k[layer][:, :n], self.v[layer][:, :n]
+        return self.pool.k[layer][self.slot][:, :n], self.pool.v[layer][self.slot][:, :n]
+
+    def held(self, n_pos: int) -> int:
+        """Keys a query at position n_pos - 1 attends to."""
+        return min(n_pos, self.max_seq)
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        """Bytes of this sequence's slot (its share of the pool)."""
+        return sum(buf[self.slot].nbytes for buf in (*self.pool.k, *self.pool.v))
+
+
+def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q: np.ndarray, *,
+                  scale: float) -> np.ndarray:
+    """One decode step's attention for sequences whose new k/v are already written: q [B, Hq, D],
+    caches[b] holding n_pos[b] positions -> [B, Hq, D]. Sequences of one pool go through one padded
+    attention over the pool's slots lo..hi (slots between them that are not in the batch get
+    length 0 and are dropped), so a row never depends on which other rows share its batch."""
+    out = np.empty_like(q)
+    groups: dict[int, list[int]] = {}
+    for b, c in enumerate(caches):
+        groups.setdefault(id(c.pool), []).append(b)
+    for members in groups.values():
+        pool = caches[members[0]].pool
+        slots = [caches[b].slot for b in members]
+        lo, hi = min(slots), max(slots) + 1
+        qs = np.zeros((hi - lo, *q.shape[1:]), np.float32)
+        lengths = np.zeros(hi - lo, np.int64)
+        for b, s in zip(members, slots):
+            qs[s - lo] = q[b]
+            lengths[s - lo] = caches[b].held(n_pos[b])
+        a = padded_decode_attention(qs, pool.k[layer][lo:hi], pool.v[layer][lo:hi], lengths, scale=scale)
+        for b, s in zip(members, slots):
+            out[b] = a[s - lo]
+    return out
 
 
 @dataclass
@@ -93,11 +193,19 @@ class Rows:
         self.states = list(states)
         self.bounds = np.cumsum([0, *lengths])  # [B + 1] row offsets
         self.positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in zip(self.states, lengths)])  # [N]
+        # Decode: one new token per sequence. Its projections go through exact-rows matmuls and
+        # its attention through the padded path, so a row does not depend on the batch around it.
+        self.decode = all(n == 1 for n in lengths)
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, window: int = 0,
                flash: bool = True) -> np.ndarray:
         """q [N, Hq, D], k/v [N, Hkv, D] (roped) -> attention [N, Hq, D]: each sequence's rows
         against its cache plus themselves (causal). Stores their k/v in the caches."""
+        if self.decode:  # one new token per sequence: one padded attention for all of them
+            for b, s in enumerate(self.states):
+                s.cache.write(layer, s.pos, k[b, :, None], v[b, :, None])
+            return decode_attend([s.cache for s in self.states], layer, [s.pos + 1 for s in self.states], q,
+                                 scale=scale)
         out = np.empty_like(q)
         for s, r0, r1 in zip(self.states, self.bounds[:-1], self.bounds[1:]):
             a = cached_attention(s.cache, layer, s.pos, q[r0:r1].transpose(1, 0, 2), k[r0:r1].transpose(1, 0, 2),

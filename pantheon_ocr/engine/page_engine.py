@@ -8,6 +8,10 @@
     features = engine.vision(image)                          # vision thread
     seq = engine.prefill(features, sampling)                 # CPU thread: a new sequence
     engine.decode_step([seq, ...])                           # CPU thread: one token for each
+    # chunked prefill: the CPU thread alternates one chunk of a joining page's prompt with
+    # one decode step of the pages already decoding, so they never wait for a whole prompt
+    seq = engine.start_prefill(features, sampling)           # nothing computed yet
+    while not engine.prefill_step(seq): engine.decode_step(decoding)
 
 Accelerators (engine/backends): `vision_backend` runs the vision stage (torch, Core ML; None =
 the numpy encoder in the model); `gpu_prefill` / `gpu_decode` run the prefill or batched decode
@@ -23,9 +27,14 @@ from .cache import DecoderState
 from .models.lightonocr import LightOnOCR
 from .sampling import RepetitionGuard, Sampler, SamplingOptions
 
+# Prompt tokens per prefill step. A Letter page's ~2,330-token prompt becomes 5 chunks; a
+# decode step of the pages already running fits between two of them (pipeline/stages.py).
+PREFILL_CHUNK = 512
+
 
 class PageSeq:
-    """One page being decoded: its KV cache state, sampler and generated ids."""
+    """One page being decoded: its KV cache state, sampler and generated ids. While its prompt
+    is being prefilled in chunks, `pending` holds what is left of it (ids, image rows)."""
 
     def __init__(self, engine: "OCREngine", state: DecoderState, sampling: SamplingOptions):
         self.engine, self.state = engine, state
@@ -34,6 +43,11 @@ class PageSeq:
         self.generated: list[int] = []
         self.finished = False
         self.finish_reason: str | None = None
+        self.pending: tuple[list[int], np.ndarray, np.ndarray] | None = None  # ids, image row idx, rows
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pending is not None
 
     @property
     def n_tokens(self) -> int:
@@ -62,8 +76,10 @@ class OCREngine:
     decode_step() on the CPU thread; transcribe() / run_page() for one page on this thread."""
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
-                 gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False):
+                 gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False,
+                 prefill_chunk: int | None = PREFILL_CHUNK):
         self.vlm = vlm
+        self.prefill_chunk = prefill_chunk  # prompt tokens per prefill_step; None: the whole prompt
         vc = vlm.vision_config
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
         # How the model wants its pages cut (pipeline/regions.py): its default segment mode, the
@@ -108,14 +124,38 @@ class OCREngine:
         return self.vlm.encode_image(image)
 
     def prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
-        ids, rows = self.vlm.prompt_and_rows(features)
+        """A new sequence with its whole prompt prefilled (its first token chosen)."""
+        seq = self.start_prefill(features, sampling)
+        while not self.prefill_step(seq):
+            pass
+        return seq
+
+    def start_prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
+        """A new sequence whose prompt is still to be prefilled (prefill_step); cheap."""
+        ids, (idx, rows) = self.vlm.prompt_and_rows(features)
         state = self.vlm.decoder.new_state(max_seq=len(ids) + sampling.max_tokens)
+        seq = PageSeq(self, state, sampling)
+        seq.pending = (ids, np.asarray(idx), rows)
+        return seq
+
+    def prefill_step(self, seq: PageSeq) -> bool:
+        """Prefill the next `prefill_chunk` prompt tokens of `seq` (all of them if None); True
+        once the prompt is done and the first token chosen. Each chunk attends to the cache of
+        the chunks before it (blocked attention over cache + chunk), so the result is the whole
+        prompt's up to float rounding: the prompt's rows go through matmuls of another height."""
+        ids, idx, rows = seq.pending
+        n = len(ids) if not self.prefill_chunk else min(self.prefill_chunk, len(ids))
+        p0 = seq.state.pos
+        mine = (idx >= p0) & (idx < p0 + n)  # image rows that fall in this chunk
         # prefill_decoder is the model's own decoder, or its device mirror (--gpu-prefill);
         # either way the KV cache it fills is numpy.
-        logits = self.prefill_decoder.forward(state, ids, embd_rows=rows)
-        seq = PageSeq(self, state, sampling)
+        logits = self.prefill_decoder.forward(seq.state, ids[:n], embd_rows=(idx[mine] - p0, rows[mine]))
+        if n < len(ids):
+            seq.pending = (ids[n:], idx, rows)
+            return False
+        seq.pending = None
         seq.accept(logits[-1])
-        return seq
+        return True
 
     def decode_step(self, seqs: list[PageSeq]) -> None:
         live = [s for s in seqs if not s.finished]

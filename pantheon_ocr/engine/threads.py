@@ -1,34 +1,76 @@
-"""How many threads the BLAS library (numpy's matmuls) may use: the one place that sets it.
+"""How many threads the math libraries use: the one place that sets it.
 
-Set before numpy loads its BLAS (the environment variables are read once, at load time, and
-child processes inherit them) and, through threadpoolctl, for a BLAS that is already loaded.
+`set_threads(n)` limits, at run time, every thread pool the process has loaded: the BLAS behind
+numpy (OpenBLAS, MKL, BLIS) and OpenMP runtimes through threadpoolctl, and torch's intra-op pool
+through torch.set_num_threads when torch is loaded (`torch_threads` again for a torch imported
+later). Nothing here writes environment variables: a limit set before numpy loads would be read
+once and then stick, and child processes would inherit it silently; a child that wants a count
+calls set_threads itself (bench/isolation.py passes it along).
+
+Why it matters: two stage threads (vision and the CPU stage) that each drive a BLAS using every
+core oversubscribe the machine; on 2 cores that measured 94 s instead of 33 s for the same pages.
+With the stages overlapping, each gets its share of the cores (`stage_threads`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-BLAS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_chosen: int | None = None  # the last set_threads count, for torch when it loads later
+_shared = False  # that count is a stage's share of the cores (stage_threads chose it), not the user's
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int) -> None:
+    """Every loaded BLAS / OpenMP pool, and torch's if loaded, uses `threads` threads from now on."""
+    from threadpoolctl import threadpool_limits
+
+    global _chosen
+    _chosen = threads
+    threadpool_limits(limits=threads)  # BLAS and OpenMP pools of every library loaded so far
+    torch_threads()
+
+
+def torch_threads() -> None:
+    """Give torch, if loaded, the count set_threads chose (backends call it after importing
+    torch; it never imports torch itself)."""
+    torch = sys.modules.get("torch")
+    if _chosen and torch is not None and torch.get_num_threads() != _chosen:
+        torch.set_num_threads(_chosen)
 
 
 def blas_env(threads: int) -> dict[str, str]:
-    """The environment that gives a new process `threads` BLAS threads."""
-    return {var: str(threads) for var in BLAS_ENV}
+    """Environment variables that start a separate program (a command a script runs, not this
+    process or its Python children) with `threads` BLAS / OpenMP threads."""
+    return {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 def set_blas_threads(threads: int) -> None:
-    """This process (and the processes it starts) use `threads` BLAS threads from now on."""
-    os.environ.update(blas_env(threads))
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=threads, user_api="blas")
+    """Former name of set_threads (kept for callers written before it)."""
+    set_threads(threads)
 
 
 def stage_threads(threads: int | None, overlap: bool) -> int | None:
-    """BLAS threads per pipeline stage: the user's choice, else, when the vision stage overlaps
-    the CPU stage and the environment names no count, half the cores each. Two stage threads
-    each driving an all-core BLAS oversubscribe the machine (measured on 2 cores: 94 s instead
-    of 33 s for the same pages). None: leave the library's default."""
-    if threads is None and overlap and not any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")):
-        return max(1, (os.cpu_count() or 2) // 2)
+    """Threads per pipeline stage: the user's choice, else, when the vision stage overlaps the
+    CPU stage, half the cores each (both stages busy at once must not want more than the
+    machine has). None: no overlap and no choice, so one stage at a time uses every core."""
+    global _shared
+    _shared = threads is None and overlap
+    if _shared:
+        return max(1, cpu_count() // 2)
     return threads
+
+
+def last_stage_alone() -> None:
+    """The vision stage has finished its last page: when the cores were shared out by
+    stage_threads (no count of the user's), the CPU stage now gets all of them."""
+    if _shared and _chosen is not None and _chosen < cpu_count():
+        set_threads(cpu_count())

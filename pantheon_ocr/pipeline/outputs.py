@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import path_text
+from .figures import figure_files, figure_records, linked_text, remove_stale
 from .naming import OutputPaths, Source
 from .types import STAGES, TEXT_LAYER, PageResult
 
@@ -141,8 +142,8 @@ def _has_text(result: PageResult) -> bool:
     return result.error is None or result.from_text_layer
 
 
-def _page_block(result: PageResult) -> str:
-    text = result.text.strip("\n") if _has_text(result) else ""
+def _page_block(result: PageResult, figures_prefix: str = "") -> str:
+    text = linked_text(result, figures_prefix).strip("\n") if _has_text(result) else ""
     return page_marker(result) + "\n\n" + (text + "\n\n" if text else "")
 
 
@@ -175,7 +176,7 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
         "finish_reason": result.finish_reason,
         "error": result.error,
         "seconds": {stage: round(result.seconds.get(stage, 0.0), 6) for stage in STAGES},
-    }
+    } | ({"images": figure_records(result)} if result.figures else {})  # crops of a bbox model's regions
 
 
 def render_jsonl(results: Sequence[PageResult], source: Source | None = None) -> str:
@@ -189,13 +190,16 @@ _RENDERERS = {"md": render_markdown, "jsonl": render_jsonl, "txt": render_txt}
 def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: Sequence[str], page_files: bool = False,
                    source: Source | None = None) -> list[Path]:
     """Write every output of one document, all or none (see the module docstring); returns the
-    files written, the primary format (formats[0]) last."""
-    files: list[tuple[Path, bytes]] = []
+    files written, the primary format (formats[0]) last. The crops of image regions
+    (figures.py), if any, are written first, with the rest, and not listed."""
+    files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
+    n_crops = len(files)
     if page_files:
         for r in sorted(results, key=lambda r: r.page):
             head = dataclasses.replace(source, page=r.page).header() + "\n\n" if source is not None else ""
-            files.append((paths.page_file(r.page), (head + _page_block(r).rstrip("\n") + "\n").encode("utf-8")))
+            files.append((paths.page_file(r.page), (head + _page_block(r, "../").rstrip("\n") + "\n").encode("utf-8")))
     for fmt in list(formats[1:]) + [formats[0]]:
         files.append((paths.file(fmt), _RENDERERS[fmt](results, source).encode("utf-8")))
     atomic_write_files(files)
-    return [path for path, _ in files]
+    remove_stale(paths.base, [path for path, _ in files[:n_crops]])
+    return [path for path, _ in files[n_crops:]]

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from .inputs import Document, parse_pages, validate_page_spec
 from .fallback import TextLayerFallback
+from .figures import FigureCropper
 from .naming import OutputPaths, claim_all, plan_output_paths
 from .outputs import write_document
 from .regions import for_options
@@ -93,6 +94,7 @@ class _Run:
         self.stop = threading.Event()
         self.sources: dict = {}  # doc_id -> naming.Source, recorded in its outputs
         self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) if options.text_fallback else None
+        self.figures = FigureCropper(options.password, options.render_timeout, start_method)  # bbox models' image regions
         self.stages: Stages | None = None
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
@@ -218,6 +220,7 @@ class _Run:
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, (), len(results), failures)
             return
         try:
+            results = self.figures.apply(results, state.paths.base, self.stop)
             written = write_document(state.paths, results, self.options.formats, self.options.page_files,
                                      self.sources.get(doc.doc_id))
         except OSError as e:
@@ -248,3 +251,4 @@ class _Run:
         self.pool.close()
         if self.fallback is not None:
             self.fallback.close()
+        self.figures.close()

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..engine.threads import last_stage_alone
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions
 
@@ -150,39 +151,39 @@ class Stages:
 
     def _cpu_loop(self) -> None:
         """Continuous batching: keep up to batch_size sequences; a page joins as soon as its
-        prefill is done and a slot is free, and leaves as soon as it is finished."""
+        prefill is done and a slot is free, and leaves as soon as it is finished. With an engine
+        that prefills in chunks (start_prefill / prefill_step), a joining page's prompt goes one
+        chunk per decode step, so the pages already decoding never wait for a whole prompt."""
         source = self.features_q if self.options.overlap else self.render_q
         active: list[_Active] = []
+        joining: _Active | None = None  # the page whose prompt is being prefilled
         upstream_done = False
         while not self.stop.is_set():
-            while len(active) < self.options.batch_size and not upstream_done:
-                page = self._get(source, block=not active)
-                if page is None:
-                    break
-                if page is END:
-                    upstream_done = True
-                    break
-                if not self.options.overlap and not self._vision(page):
-                    continue
-                sampling = page.task.sampling or self.options.sampling
-                t0 = time.perf_counter()
-                try:
-                    seq = self.engine.prefill(page.payload, sampling)
-                except Exception as e:  # noqa: BLE001
-                    page.seconds["prefill"] = time.perf_counter() - t0
-                    self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
-                    continue
-                page.seconds["prefill"] = time.perf_counter() - t0
-                page.payload = None  # the features live on in the KV cache only
-                slot = _Active(page, seq)
-                if not seq.finished and self._late(page):
-                    continue
-                if seq.finished:
-                    self._emit(slot)
-                else:
-                    active.append(slot)
+            while len(active) < self.options.batch_size and not (upstream_done and joining is None):
+                if joining is None:
+                    page = self._get(source, block=not active)
+                    if page is None:
+                        break
+                    if page is END:
+                        upstream_done = True
+                        if self.options.overlap:
+                            last_stage_alone()  # the vision thread is done: its cores are free
+                        break
+                    if not self.options.overlap and not self._vision(page):
+                        continue
+                    joining = self._join(page)
+                    if joining is None:
+                        continue
+                if not self._prefill_chunk(joining):
+                    break  # more of its prompt to go: a decode step first
+                if joining.seq is not None:
+                    if joining.seq.finished:
+                        self._emit(joining)
+                    else:
+                        active.append(joining)
+                joining = None
             if not active:
-                if upstream_done:
+                if upstream_done and joining is None:
                     return
                 continue
             t0 = time.perf_counter()
@@ -207,6 +208,46 @@ class Stages:
                 else:
                     still.append(a)
             active = still
+
+    def _join(self, page: _Page) -> _Active | None:
+        """A page's new sequence: its prompt still to prefill (chunked engines), or prefilled."""
+        sampling = page.task.sampling or self.options.sampling
+        t0 = time.perf_counter()
+        try:
+            if hasattr(self.engine, "start_prefill"):
+                seq = self.engine.start_prefill(page.payload, sampling)
+            else:
+                seq = self.engine.prefill(page.payload, sampling)
+        except Exception as e:  # noqa: BLE001
+            page.seconds["prefill"] += time.perf_counter() - t0
+            self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
+            return None
+        page.seconds["prefill"] += time.perf_counter() - t0
+        return _Active(page, seq)
+
+    def _prefill_chunk(self, j: _Active) -> bool:
+        """One prefill chunk of a joining page; False while more of its prompt remains. Done
+        with j.seq None: the page failed (prefill error or timeout)."""
+        page = j.page
+        if getattr(j.seq, "prefilling", False):
+            t0 = time.perf_counter()
+            try:
+                done = self.engine.prefill_step(j.seq)
+            except Exception as e:  # noqa: BLE001
+                page.seconds["prefill"] += time.perf_counter() - t0
+                self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
+                j.seq = None
+                return True
+            page.seconds["prefill"] += time.perf_counter() - t0
+            if not done:
+                if self._late(page):
+                    j.seq = None
+                    return True
+                return False
+        page.payload = None  # the features live on in the KV cache only
+        if not j.seq.finished and self._late(page):
+            j.seq = None
+        return True
 
     def _emit(self, a: _Active) -> None:
         try:

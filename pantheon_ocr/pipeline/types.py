@@ -74,6 +74,7 @@ class PageResult:
     finish_reason: str | None  # None when the page failed
     error: str | None  # why the page failed; None on success
     seconds: dict[str, float] = field(default_factory=dict)  # STAGES -> wall seconds
+    figures: tuple = ()  # figures.Figure: image regions a bbox model found, cropped (set when writing)
 
     @property
     def ok(self) -> bool:

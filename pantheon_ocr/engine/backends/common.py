@@ -44,6 +44,9 @@ def require_torch():
     except Exception as exc:  # noqa: BLE001 - a broken install is still one line
         raise BackendUnavailable(f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); "
                                  f"reinstall it with {GPU_EXTRA}") from exc
+    from ..threads import torch_threads
+
+    torch_threads()  # the thread count chosen before torch loaded, if any
     return torch
 
 

@@ -24,7 +24,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 
-from ..weights import Weight
+from ..weights import Weight, _by_row_blocks
 from .common import require_torch, resolve_device
 
 
@@ -45,8 +45,15 @@ class DeviceWeight:
     storage = property(lambda self: f"{self.base.storage}->{self.device}")
     resident = True
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x [M, in] float32 -> x @ W.T [M, out] float32 (computed on the device)."""
+    def matmul(self, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
+        """x [M, in] float32 -> x @ W.T [M, out] float32 (computed on the device). exact_rows: in
+        blocks of ROW_BLOCK rows as on the CPU (same call shape per row; the device's kernels are
+        its own, so the bits are not the CPU path's)."""
+        if exact_rows:
+            return _by_row_blocks(self._matmul, x)
+        return self._matmul(x)
+
+    def _matmul(self, x: np.ndarray) -> np.ndarray:
         torch = self._torch
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         if self.device != "cpu":

@@ -89,7 +89,8 @@ class LightOnOCR:
     `.projector`; `.vision_config`; `.longest_edge` the preprocessing target of the longest side.
     """
 
-    def __init__(self, model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized"):
+    def __init__(self, model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized",
+                 vision_weights: Storage | None = None):
         self.mmproj: GGUFFile = open_gguf(mmproj_path)
         self.vision_config = vision_config(self.mmproj)
         try:
@@ -107,8 +108,12 @@ class LightOnOCR:
             )
         self._vocab: dict[str, int] | None = None
         self.image_token_id = self._vocab_id(IMAGE_TOKEN)
-        self.vision = PixtralVision(self.mmproj, vc, weights)
-        self.projector = Projector(WeightLoader(self.mmproj, weights), vc, c.eps)
+        # vision_weights: the tower's own storage (default: as the text's). "quantized" when another
+        # backend (torch, Core ML) runs the vision stage: it keeps its own copy, and this one then
+        # only maps the file instead of holding a second resident copy.
+        vw = vision_weights or weights
+        self.vision = PixtralVision(self.mmproj, vc, vw)
+        self.projector = Projector(WeightLoader(self.mmproj, vw), vc, c.eps)
         self.weights = weights
 
     # -- parts -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError
-from ..cache import DecoderState, KVCache, Rows
+from ..cache import DecoderState, KVCache, KVPool, Rows
 from ..config import DecoderConfig
 from ..gguf import GGUFFile
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
@@ -61,6 +61,7 @@ class Decoder:
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
         self.layers = [self.load_layer(w, i) for i in range(c.n_layer)]
         self.flash = True  # blocked prefill attention; False = naive (benchmark comparison)
+        self.kv_pool = KVPool(c.n_layer, c.n_head_kv, c.head_dim)  # every sequence's K/V (cache.py)
 
     # -- loading -----------------------------------------------------------------------------
     def load_layer(self, w: WeightLoader, i: int) -> LlamaLayer:
@@ -104,16 +105,24 @@ class Decoder:
         )
 
     def new_state(self, max_seq: int | None = None) -> DecoderState:
+        """A new sequence; its KV cache is a slot of this decoder's pool (shared by its copies)."""
         c = self.cfg
         ring = bool(c.sliding_window)
         slots = c.max_seq if ring else min(max_seq or c.n_ctx, c.n_ctx)
-        return DecoderState(KVCache(c.n_layer, c.n_head_kv, c.head_dim, slots, ring))
+        return DecoderState(KVCache(c.n_layer, c.n_head_kv, c.head_dim, slots, ring, pool=self.kv_pool))
+
+    def set_kv_dtype(self, dtype) -> None:
+        """Store K/V as `dtype` (float32, or float16: half the memory and bytes read per step)
+        from the next new_state on; sequences already running keep the old pool."""
+        c = self.cfg
+        self.kv_pool = KVPool(c.n_layer, c.n_head_kv, c.head_dim, dtype)
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, state: DecoderState, tokens, embd_rows=None, all_logits: bool = False) -> np.ndarray:
         """Advance one sequence by len(tokens); logits [T, n_vocab] or, by default, [1, n_vocab]."""
         x = self.hidden(state, tokens, embd_rows)  # [T, n_embd]
-        return self.logits_of(x if all_logits else x[-1:])
+        # One token is a decode step: its logits go through the exact-rows path, as in a batch.
+        return self.logits_of(x if all_logits else x[-1:], exact=x.shape[0] == 1)
 
     def hidden(self, state: DecoderState, tokens, embd_rows=None) -> np.ndarray:
         """Advance one sequence by len(tokens); the last layer's output [T, n_embd]."""
@@ -137,17 +146,19 @@ class Decoder:
         rows.advance(tokens)
         return x
 
-    def logits_of(self, x: np.ndarray) -> np.ndarray:
-        return self.output.matmul(rmsnorm(x, self.output_norm, self.cfg.eps))  # [N, n_vocab]
+    def logits_of(self, x: np.ndarray, exact: bool = False) -> np.ndarray:
+        """Logits [N, n_vocab] of the last layer's rows x; exact: per-row exact matmul (decode)."""
+        return self.output.matmul(rmsnorm(x, self.output_norm, self.cfg.eps), exact)  # [N, n_vocab]
 
     def block(self, i: int, layer, x: np.ndarray, cos, sin, rows: Rows) -> np.ndarray:
-        """One pre-norm block: x + attention(norm(x)), then + ffn(norm(x))."""
+        """One pre-norm block: x + attention(norm(x)), then + ffn(norm(x)). A decode step's
+        matmuls are exact-rows (weights.py): a row's result does not depend on its batch."""
         x = x + self.attention(i, layer, rmsnorm(x, layer.attn_norm, self.cfg.eps), cos, sin, rows)
-        return x + self.ffn(layer, rmsnorm(x, layer.ffn_norm, self.cfg.eps))
+        return x + self.ffn(layer, rmsnorm(x, layer.ffn_norm, self.cfg.eps), rows.decode)
 
     def attention(self, i: int, layer, h: np.ndarray, cos, sin, rows: Rows) -> np.ndarray:
         c, t = self.cfg, h.shape[0]
-        q, k, v = self.qkv(layer, h)
+        q, k, v = self.qkv(layer, h, rows.decode)
         q = q.reshape(t, c.n_head, c.head_dim)  # [N, Hq, D]
         k = k.reshape(t, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
         v = v.reshape(t, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
@@ -157,16 +168,18 @@ class Decoder:
         q = apply_rope(q, cos, sin, c.rope_neox)
         k = apply_rope(k, cos, sin, c.rope_neox)
         a = rows.attend(i, q, k, v, scale=c.head_dim ** -0.5, window=c.sliding_window, flash=self.flash)  # [N, Hq, D]
-        return add_bias(layer.attn_output.matmul(a.reshape(t, c.n_head * c.head_dim)), layer.attn_output_bias)
+        return add_bias(layer.attn_output.matmul(a.reshape(t, c.n_head * c.head_dim), rows.decode),
+                        layer.attn_output_bias)
 
-    def qkv(self, layer: LlamaLayer, h: np.ndarray):
-        return (add_bias(layer.attn_q.matmul(h), layer.attn_q_bias), add_bias(layer.attn_k.matmul(h), layer.attn_k_bias),
-                add_bias(layer.attn_v.matmul(h), layer.attn_v_bias))
+    def qkv(self, layer: LlamaLayer, h: np.ndarray, exact: bool = False):
+        return (add_bias(layer.attn_q.matmul(h, exact), layer.attn_q_bias),
+                add_bias(layer.attn_k.matmul(h, exact), layer.attn_k_bias),
+                add_bias(layer.attn_v.matmul(h, exact), layer.attn_v_bias))
 
-    def ffn(self, layer: LlamaLayer, h: np.ndarray) -> np.ndarray:
+    def ffn(self, layer: LlamaLayer, h: np.ndarray, exact: bool = False) -> np.ndarray:
         if self.cfg.n_expert:
             return self._moe(layer, h)
-        return layer.ffn_down.matmul(swiglu(layer.ffn_gate.matmul(h), layer.ffn_up.matmul(h)))
+        return layer.ffn_down.matmul(swiglu(layer.ffn_gate.matmul(h, exact), layer.ffn_up.matmul(h, exact)), exact)
 
     def _moe(self, layer: LlamaLayer, h: np.ndarray) -> np.ndarray:
         """Router softmax -> top-k -> renormalise -> weighted sum of the chosen SwiGLU experts."""

@@ -45,12 +45,12 @@ class Phi3Decoder(Decoder):
             ffn_down=w.matrix(p + "ffn_down.weight", (c.n_embd, c.n_ff)),
         )
 
-    def qkv(self, layer: Phi3Layer, h: np.ndarray):
+    def qkv(self, layer: Phi3Layer, h: np.ndarray, exact: bool = False):
         c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        qkv = add_bias(layer.attn_qkv.matmul(h), layer.attn_qkv_bias)  # [N, qd + 2*kvd]
+        qkv = add_bias(layer.attn_qkv.matmul(h, exact), layer.attn_qkv_bias)  # [N, qd + 2*kvd]
         return qkv[:, :qd], qkv[:, qd : qd + kvd], qkv[:, qd + kvd :]
 
-    def ffn(self, layer: Phi3Layer, h: np.ndarray) -> np.ndarray:
-        gu = layer.ffn_up.matmul(h)  # [N, 2*n_ff]
-        return layer.ffn_down.matmul(swiglu(gu[:, : self.cfg.n_ff], gu[:, self.cfg.n_ff :]))
+    def ffn(self, layer: Phi3Layer, h: np.ndarray, exact: bool = False) -> np.ndarray:
+        gu = layer.ffn_up.matmul(h, exact)  # [N, 2*n_ff]
+        return layer.ffn_down.matmul(swiglu(gu[:, : self.cfg.n_ff], gu[:, self.cfg.n_ff :]), exact)

@@ -1,0 +1,93 @@
+"""bfloat16 where the CPU has it: "bf16" weight storage (torch matmuls) for the decoder, and the
+`auto` vision backend (torch on the CPU, bfloat16 on CPUs with bfloat16 units). numpy float32 is
+the reference; each lower-precision path states its measured error against it here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from pantheon_ocr.engine import backends as B  # noqa: E402
+from pantheon_ocr.engine import load_model  # noqa: E402
+
+from .conftest import LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
+from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
+from .tiny_models import write_tiny  # noqa: E402
+
+
+def rel_err(a, b) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
+
+
+def _prefill_and_steps(model, prompt, steps=4):
+    """Logits of the prompt's last position and of `steps` teacher-forced decode steps."""
+    d = model.decoder
+    st = d.new_state(len(prompt) + steps + 1)
+    rows = [d.forward(st, prompt)[0]]
+    for t in prompt[:steps]:
+        rows.append(d.forward(st, [t])[0])
+    return np.stack(rows)
+
+
+# Measured on this repository's fixtures (relative to the largest |logit|): tiny LightOnOCR text
+# 8.0e-3; SmolLM2-135M (Q4_1 weights, bf16 adds only the activation rounding and bf16 products)
+# 1.5e-2. Bounds leave about 2x room.
+@pytest.mark.parametrize("which,bound", [("lightonocr", 2e-2), ("smollm2", 3e-2)])
+def test_bf16_weights_logits_error_against_f32(which, bound, record_property):
+    path = LIGHTONOCR_TEXT if which == "lightonocr" else smollm2_or_skip()
+    f32, bf16 = load_model(path, weights="f32"), load_model(path, weights="bf16")
+    prompt = _prompts(f32.config.n_vocab, 1, seed=3)[0] + [1, 2, 3]
+    ref, got = _prefill_and_steps(f32, prompt), _prefill_and_steps(bf16, prompt)
+    err = rel_err(got, ref)
+    record_property("bf16_rel_err", err)
+    print(f"{which}: bf16 weights, max relative logits error vs f32 {err:.2e}")
+    assert 1e-5 < err <= bound  # bf16 really ran (not float32 in disguise), and stays close
+
+
+def test_bf16_weights_batch_rows_are_exact():
+    """The exact-rows promise holds for bf16 storage too (blocks of 16 rows, one oneDNN call each)."""
+    model = load_model(LIGHTONOCR_TEXT, weights="bf16")
+    prompts = _prompts(model.config.n_vocab, 7, seed=11)
+    assert_varied(run_exact(model.decoder, prompts, _joins(7, 11), steps=6, no_repeat=True))
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_bf16_weights_tiny_archs_batch_rows_are_exact(tmp_path, arch):
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny(path, arch, dtype="BF16")
+    model = load_model(path, weights="bf16")
+    for b in (1, 3, 17):
+        run_exact(model.decoder, _prompts(model.config.n_vocab, b, seed=b), _joins(b, b), steps=4)
+
+
+def test_bf16_file_weights_are_the_memory_map(tmp_path):
+    """A BF16 tensor in "bf16" storage is a view of the file's pages: no second copy in memory."""
+    path = tmp_path / "llama.gguf"
+    write_tiny(path, "llama", dtype="BF16")
+    model = load_model(path, weights="bf16")
+    w = model.decoder.layers[0].attn_q
+    raw = model.decoder.layers[0].attn_q._data  # noqa: SLF001 - the storage itself is the point
+    mm = np.frombuffer(model.gguf._map, dtype=np.uint8)  # noqa: SLF001
+    start = mm.ctypes.data
+    assert start <= raw.data_ptr() < start + mm.size
+    x = np.random.default_rng(0).standard_normal((3, w.shape[1]), dtype=np.float32)
+    np.testing.assert_allclose(w.matmul(x), x @ w.dense().T, rtol=2e-2, atol=2e-2)
+
+
+def test_auto_vision_backend_is_torch_on_the_cpu(monkeypatch):
+    """With torch installed and no GPU, auto runs the torch encoder on the CPU, in bfloat16 when
+    the CPU has bfloat16 units."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(B, "mps_available", lambda _torch: False)
+    monkeypatch.setattr(B.platform, "system", lambda: "Linux")
+    name, device, reason = B.plan_vision_backend("auto")
+    assert (name, device) == ("torch", "cpu") and "CPU" in reason
+    for has in (True, False):
+        monkeypatch.setattr(B, "cpu_has_bf16", lambda has=has: has)
+        assert B.resolve_dtype("torch", "cpu", "auto") == ("bfloat16" if has else "float32")
+        assert B.resolve_dtype("numpy", "cpu", "auto") == "float32"
+        assert B.resolve_dtype("torch", "cpu", "float16") == "float16"  # an explicit choice stands

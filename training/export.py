@@ -4,10 +4,11 @@ a `qwen3` text GGUF (with the tokenizer) and a `clip` mmproj GGUF (projector `li
     python -m training.export RUN_DIR/last.pt OUT_DIR [--name pantheon-reader]
 
 Tensor names, layouts and metadata keys follow the converter: vision Q/K rows permuted so that
-HF's split-half rotary pairs become adjacent pairs, 1-D tensors F32, matrices F16. Three keys of
-our own tell the pipeline how the reader wants its pages: `pantheon.reader.segment` (lines),
-`pantheon.reader.line_height` and `pantheon.reader.page_edge` (the resolution pages are rendered
-at before they are cut into lines). The training-only CTC head is not exported.
+HF's split-half rotary pairs become adjacent pairs, 1-D tensors F32, matrices F16. Keys of our
+own tell the pipeline how the reader wants its pages: `pantheon.reader.segment` (lines),
+`pantheon.reader.line_height`, `pantheon.reader.page_edge` (the resolution pages are rendered at
+before they are cut into lines) and, with --line-width, `pantheon.reader.line_width` (the widest
+line read in one piece). The training-only CTC head is not exported.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _write(path: Path, arch: str, kv: list, tensors: list[tuple[str, np.ndarray]
 
 
 def export(model: Reader, vocab: Vocab, out_dir: Path, name: str = "pantheon-reader", f16: bool = True,
-           page_edge: int = PAGE_EDGE) -> tuple[Path, Path]:
+           page_edge: int = PAGE_EDGE, line_width: int = 0) -> tuple[Path, Path]:
     c = model.c
     out_dir.mkdir(parents=True, exist_ok=True)
     text_path, mmproj_path = out_dir / f"{name}.gguf", out_dir / f"mmproj-{name}.gguf"
@@ -166,7 +167,7 @@ def export(model: Reader, vocab: Vocab, out_dir: Path, name: str = "pantheon-rea
         ("pantheon.reader.segment", "lines", V.STRING, None),
         ("pantheon.reader.line_height", c.line_height, V.UINT32, None),
         ("pantheon.reader.page_edge", page_edge, V.UINT32, None),
-    ]
+    ] + ([("pantheon.reader.line_width", line_width, V.UINT32, None)] if line_width else [])
     _write(text_path, "qwen3", text_kv, _arrays(text_entries), f16)
     _write(mmproj_path, "clip", mmproj_kv, _arrays(vision_entries), f16)
     return text_path, mmproj_path
@@ -194,9 +195,11 @@ def main(argv=None) -> int:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--name", default="pantheon-reader")
     ap.add_argument("--f32", action="store_true", help="float32 matrices (default F16)")
+    ap.add_argument("--line-width", type=int, default=0,
+                    help="pantheon.reader.line_width: lines wider than this (px) are read in pieces (0: any width)")
     a = ap.parse_args(argv)
     model, vocab = load_checkpoint(a.checkpoint)
-    for p in export(model, vocab, a.out_dir, a.name, f16=not a.f32):
+    for p in export(model, vocab, a.out_dir, a.name, f16=not a.f32, line_width=a.line_width):
         print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -91,7 +91,7 @@ class TimedEngine:
     def __init__(self, inner):
         self.inner = inner
         self.longest_edge = inner.longest_edge
-        for name in ("segment", "line_height", "page_edge", "patch_size"):  # how the model cuts pages
+        for name in ("segment", "line_height", "line_width", "page_edge", "patch_size"):  # how the model cuts pages
             if hasattr(inner, name):
                 setattr(self, name, getattr(inner, name))
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)

@@ -84,8 +84,10 @@ class OCREngine:
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
         # How the model wants its pages cut (pipeline/regions.py): its default segment mode, the
         # height of a line crop, the resolution pages are rendered at before they are cut, and
-        # the multiple every image side is rounded up to.
+        # the widest line read in one piece (a small reader drifts on long lines), and the
+        # multiple every image side is rounded up to.
         self.segment, self.line_height = vc.segment, vc.line_height
+        self.line_width = vc.line_width or vlm.longest_edge
         self.page_edge = vc.page_edge or vlm.longest_edge
         self.patch_size = vc.patch_size
         # ignore_eos: every page runs to its max_tokens, neither stop ids nor the repetition guard

@@ -86,6 +86,7 @@ class SegmentedEngine:
         # A model trained on lines names their height; for others (LightOnOCR reads pages) a line
         # is cropped at page resolution like a block.
         self.line_height = getattr(engine, "line_height", 0)
+        self.line_width = getattr(engine, "line_width", 0) or engine.longest_edge  # wider lines go in pieces
         self.patch = getattr(engine, "patch_size", 14)
         # Pages are rendered finer than the reader's input so lines can be cut from them.
         self.longest_edge = getattr(engine, "page_edge", 0) or engine.longest_edge
@@ -96,7 +97,7 @@ class SegmentedEngine:
         if self.mode == "blocks":
             regions = blocks(regions)
         if self.mode == "lines" and self.line_height:
-            images = [line_images(clean, r.box, self.line_height, self.patch, self.engine.longest_edge) for r in regions]
+            images = [line_images(clean, r.box, self.line_height, self.patch, self.line_width) for r in regions]
         else:
             images = [[block_image(image, r.box)] for r in regions]
         return RegionFeatures(regions, [[self.engine.vision(im) for im in parts] for parts in images])

@@ -122,3 +122,19 @@ def test_pipeline_writes_the_page_text_in_reading_order(tmp_path: Path):
     md = (tmp_path / "out" / "page.md").read_text()
     body = [ln for ln in md.splitlines() if ln and not ln.startswith("<!--")]
     assert len(body) == 3 and all(ln.endswith("x28") for ln in body)
+
+
+def test_a_line_wider_than_the_readers_line_width_is_read_in_pieces_at_word_gaps():
+    """The reader names the widest line it reads in one piece (pantheon.reader.line_width); a
+    longer line is cut at word gaps, each piece read as its own sequence and joined by a space."""
+    words = "aaaa bbbb cccc dddd eeee ffff gggg hhhh"
+    engine = StubEngine()
+    whole = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)])).seqs
+    assert [len(parts) for parts in whole] == [1]
+    assert whole[0][0].size[0] >= 14  # the line: about 16 tokens of 28 px
+    engine.line_width = 196  # 7 tokens
+    group = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)]))
+    (parts,) = group.seqs
+    assert len(parts) >= 3 and all(p.size[0] <= 7 for p in parts)
+    assert sum(p.size[0] for p in parts) >= whole[0][0].size[0] - len(parts)  # no ink lost between pieces
+    assert group.text() == " ".join(p.text() for p in parts)

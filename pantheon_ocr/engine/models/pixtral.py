@@ -48,6 +48,7 @@ class VisionConfig:
     segment: str = "page"  # page, blocks or lines
     line_height: int = 0  # lines: each line crop is scaled to this height (px)
     page_edge: int = 0  # segmenting readers: pages are rendered at this longest edge first (px)
+    line_width: int = 0  # lines: a wider line is read in pieces cut at word gaps (px; 0: image_size)
 
 
 SEGMENT_MODES = ("page", "blocks", "lines")
@@ -110,6 +111,7 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
         segment=meta(gf, "pantheon.reader.segment", str, "page"),
         line_height=meta(gf, "pantheon.reader.line_height", int, 0),
         page_edge=meta(gf, "pantheon.reader.page_edge", int, 0),
+        line_width=meta(gf, "pantheon.reader.line_width", int, 0),
     )
     if cfg.segment not in SEGMENT_MODES:
         raise ModelError(gf.path, f"'pantheon.reader.segment' is {cfg.segment!r}, expected one of {', '.join(SEGMENT_MODES)}")
@@ -119,6 +121,9 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
                                   f"(patch size x merge) between {unit} and {16 * unit}")
     if cfg.page_edge and not 256 <= cfg.page_edge <= 10000:
         raise ModelError(gf.path, f"'pantheon.reader.page_edge' ({cfg.page_edge}) must be between 256 and 10000 px")
+    if cfg.line_width and not 4 * unit <= cfg.line_width <= cfg.longest_edge:
+        raise ModelError(gf.path, f"'pantheon.reader.line_width' ({cfg.line_width}) must be between {4 * unit} px "
+                                  f"and the image size ({cfg.longest_edge} px)")
     # Bounds well beyond any real tower (LightOnOCR: 1540 px, patch 14, 24 layers x 1024, FFN 4096):
     # an image size of 2^31 would make every page a MemoryError instead of one clear error here.
     for name, value, hi in (("patch_size", cfg.patch_size, 64), ("image_size", cfg.longest_edge, MAX_IMAGE_SIZE),

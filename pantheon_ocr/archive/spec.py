@@ -19,7 +19,7 @@ from ..errors import JobError, path_text
 from ..engine.catalog import parse_name
 from ..engine.sampling import SamplingOptions
 from ..pipeline.files import open_regular
-from ..pipeline.types import FORMATS, MAX_LONGEST_EDGE, PipelineOptions
+from ..pipeline.types import FORMATS, MAX_LONGEST_EDGE, SEGMENT_MODES, PipelineOptions
 
 RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
 
@@ -124,7 +124,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "name": (_str, None),  # a pulled model (`pantheon-ocr models pull NAME`), instead of text/mmproj files
         "text": (_str, None),
         "mmproj": (_str, None),
-        "weights": (_choice("f32", "quantized"), "f32"),
+        "weights": (_choice("f32", "quantized", "bf16"), "f32"),
         "vision_backend": (_choice("numpy", "torch", "coreml", "auto"), "numpy"),
         "device": (_str, None),
         "threads": (_int(1), None),
@@ -145,6 +145,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "longest_edge": (_int(64, MAX_LONGEST_EDGE), None),
         "page_timeout": (_float(0, lo_open=True), None),  # engine seconds per page, then it fails: "timeout"
         "text_fallback": (_bool, True),  # a page that failed every attempt takes the PDF's text layer
+        "segment": (_choice(*SEGMENT_MODES), None),  # page, blocks or lines; default: what the model's GGUF names
     },
     "retry": {
         "attempts": (_int(1), 3),
@@ -199,7 +200,8 @@ class JobSpec:
             out_dir=self.output, formats=o["formats"], page_files=o["page_files"], overwrite=True, pages=o["pages"],
             password=o["password"], sampling=self.sampling(1), batch_size=o["batch_size"], overlap=o["overlap"],
             render_workers=o["render_workers"], render_timeout=o["render_timeout"], longest_edge=o["longest_edge"],
-            page_timeout=o["page_timeout"], text_fallback=False,  # the job falls back itself, after the last attempt
+            page_timeout=o["page_timeout"], segment=o["segment"],
+            text_fallback=False,  # the job falls back itself, after the last attempt
         )
 
 

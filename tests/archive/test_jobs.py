@@ -69,6 +69,7 @@ def rows(job: Path, sql: str, *args) -> list[tuple]:
     ('inputs = ["in"]\noutput = "out"\n[retry]\nattempts = 0\n', "retry.attempts: must be an integer >= 1 (got 0)"),
     ('inputs = ["in"]\noutput = "out"\n[retry]\non = ["loops"]\n', "retry.on: values must be among 'repetition', 'max_tokens', 'error'"),
     ('inputs = ["in"]\noutput = "out"\nmodel = "x"\n', "model: must be a table ([model])"),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\nsegment = "words"\n', "ocr.segment: "),
     ('inputs = ["in"\n', "not valid TOML"),
 ])
 def test_job_file_errors_name_the_key(tmp_path, text, message):
@@ -88,6 +89,9 @@ def test_job_file_defaults_and_relative_paths(tmp_path):
     assert spec.state == job.parent / "scans.sqlite" and spec.reports == job.parent / "scans-reports"
     assert spec.model["text"] == job.parent / "m" / "t.gguf"
     assert [(s.temperature, s.seed) for s in map(spec.sampling, (1, 2, 3, 4))] == [(0.0, 0), (0.3, 1), (0.3, 2), (0.3, 3)]
+    assert spec.pipeline_options().segment is None  # the model's own default
+    job.write_text('inputs = "../in"\noutput = "../out"\n[ocr]\nsegment = "lines"\n')
+    assert load_job(job).pipeline_options().segment == "lines"
     r = run_cli(["archive", "run", str(tmp_path / "missing.toml")])
     assert r.returncode == ExitCode.BAD_ARGUMENTS and "no such job file" in r.stderr
 

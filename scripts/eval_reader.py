@@ -33,6 +33,7 @@ from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
 from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
+from pantheon_ocr.pipeline.segment import line_images  # noqa: E402
 from pantheon_ocr.pipeline.types import PipelineOptions  # noqa: E402
 from training.lines import fixed_set  # noqa: E402
 from training.metrics import error_rates  # noqa: E402
@@ -40,15 +41,28 @@ from training.pages import make_page  # noqa: E402
 
 
 def read_lines(engine, lines, batch: int = 64) -> list[str]:
-    """Each line image read as one sequence; lines decoded together in batches."""
+    """Each line image read as the pipeline reads a line: cut at word gaps into pieces no wider
+    than the reader's line_width (pipeline/segment.line_images), each piece one sequence, the
+    pieces joined by a space; lines decoded together in batches."""
     out = []
     sampling = SamplingOptions(max_tokens=256)
     for i in range(0, len(lines), batch):
-        seqs = [engine.prefill(engine.vision(ln.image), sampling) for ln in lines[i: i + batch]]
-        while not all(s.finished for s in seqs):
-            engine.decode_step(seqs)
-        out += [s.text() for s in seqs]
+        pieces = [pieces_of(engine, ln.image) for ln in lines[i: i + batch]]
+        seqs = [[engine.prefill(engine.vision(im), sampling) for im in parts] for parts in pieces]
+        flat = [s for parts in seqs for s in parts]
+        while not all(s.finished for s in flat):
+            engine.decode_step([s for s in flat if not s.finished])
+        out += [" ".join(s.text().strip() for s in parts) for parts in seqs]
     return out
+
+
+def pieces_of(engine, image: np.ndarray) -> list:
+    """A line image as the pipeline feeds it: whole if it fits the reader's line_width, else cut."""
+    width = getattr(engine, "line_width", 0) or engine.longest_edge
+    if image.shape[1] <= width:
+        return [image]
+    h, w = image.shape
+    return line_images(image, (0, 0, w, h), h, engine.patch_size, width)
 
 
 def read_documents(engine, paths: list[Path], segment: str | None) -> dict[Path, list[str]]:

@@ -97,7 +97,6 @@ def test_looping_page_is_stopped_by_the_repetition_guard(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, needle", [
-    (["transcribe", "samples/docs"], 2, "no model given"),
     (["transcribe", "nothing-here.pdf", "--model", "samples/tiny-model"], 4, "nothing-here.pdf"),
     (["transcribe", "samples/docs", "--model", "samples/tiny-model", "--pages", "3-1"], 2, "3-1"),
     (["transcribe", "samples/docs", "--model", "samples/docs/text-1page.pdf", "--mmproj", "x.gguf"], 3, "x.gguf"),
@@ -166,3 +165,17 @@ def test_image_page_printed_to_stdout(tmp_path):
                          "-o", "-", "--max-tokens", "4", "--no-progress")
     assert code == 0, err
     assert out.startswith("<!-- page 1") and len(out.split()) >= 4
+
+
+def test_no_model_means_the_bundled_reader_and_without_it_one_clear_error(monkeypatch, tmp_path):
+    """No --model: the reader inside the package; an install without it says what to do."""
+    from pantheon_ocr.engine import loader
+    from pantheon_ocr.errors import UsageError
+
+    (tmp_path / "pantheon-reader.gguf").write_bytes(b"")
+    (tmp_path / "mmproj-pantheon-reader.gguf").write_bytes(b"")
+    monkeypatch.setattr(loader, "BUNDLED", tmp_path)
+    assert loader.resolve_model(None, None) == (tmp_path / "pantheon-reader.gguf", tmp_path / "mmproj-pantheon-reader.gguf")
+    monkeypatch.setattr(loader, "BUNDLED", tmp_path / "absent")
+    with pytest.raises(UsageError, match="no model given and this install has no bundled reader: pull one"):
+        loader.resolve_model(None, None)

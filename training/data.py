@@ -36,9 +36,9 @@ def pixels(images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 
 class LineStream(IterableDataset):
     def __init__(self, seed: int, batch: int, line_height: int, max_width: int, encode, pool: int = 8,
-                 shuffle: float = 0.0):
+                 shuffle: float = 0.0, max_chars: int = 100):
         self.seed, self.batch, self.h, self.w, self.encode, self.pool = seed, batch, line_height, max_width, encode, pool
-        self.shuffle = shuffle
+        self.shuffle, self.max_chars = shuffle, max_chars
 
     def __iter__(self):
         info = get_worker_info()
@@ -48,7 +48,7 @@ class LineStream(IterableDataset):
             lines = []
             while len(lines) < self.batch * self.pool:
                 try:
-                    lines.append(draw_line(rng, "train", self.h, self.w, shuffle=self.shuffle))
+                    lines.append(draw_line(rng, "train", self.h, self.w, shuffle=self.shuffle, max_chars=self.max_chars))
                 except Exception as e:  # noqa: BLE001 - a rendering bug costs one sample, not the run
                     print(f"warning: a sample of stream {stream} batch {k} failed: {type(e).__name__}: {e}", flush=True)
             lines.sort(key=lambda ln: ln.image.shape[1])

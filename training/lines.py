@@ -19,13 +19,13 @@ class Line:
 
 
 def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None,
-              shuffle: float = 0.0) -> Line:
-    """A line of `split` text in a face of `face_split` (default: the same split); with probability
-    `shuffle` its words in random order, which no language model can guess."""
+              shuffle: float = 0.0, max_chars: int = 100) -> Line:
+    """A line of `split` text (at most max_chars) in a face of `face_split` (default: the same
+    split); with probability `shuffle` its words in random order, which no language model can guess."""
     fs = faces(face_split or split)
     while True:
         face = fs[rng.integers(len(fs))]
-        text = sample_text(rng, split)
+        text = sample_text(rng, split, max_chars)
         if shuffle and rng.random() < shuffle:
             words = text.split(" ")
             rng.shuffle(words)
@@ -35,8 +35,10 @@ def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width:
             return Line(img, text, face.name)
 
 
-def fixed_set(n: int, split: str, seed: int, line_height: int, max_width: int, face_split: str | None = None) -> list[Line]:
+def fixed_set(n: int, split: str, seed: int, line_height: int, max_width: int, face_split: str | None = None,
+              max_chars: int = 100) -> list[Line]:
     """The same n lines on every machine: an evaluation set."""
-    return [draw_line(np.random.default_rng([seed, i]), split, line_height, max_width, face_split) for i in range(n)]
+    return [draw_line(np.random.default_rng([seed, i]), split, line_height, max_width, face_split, max_chars=max_chars)
+            for i in range(n)]
 
 

@@ -123,12 +123,20 @@ def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int =
     r = rng.random()
     if r < 0.55:
         u = rng.random()
-        length = int(rng.integers(1, 15) if u < 0.1 else rng.integers(15, 45) if u < 0.4 else rng.integers(45, max_chars))
+        if max_chars >= 45:
+            length = int(rng.integers(1, 15) if u < 0.1 else rng.integers(15, 45) if u < 0.4 else rng.integers(45, max_chars))
+        else:  # short pieces, as a long line is read in (pantheon.reader.line_width)
+            length = int(rng.integers(1, max_chars + 1))
         text = _span(rng, corpus(f"prose-{split}"), length)
     elif r < 0.65:
         items = corpus(f"code-{split}")
         text = items[rng.integers(len(items))]
     else:
         text = _synthetic(rng, split)
-    text = clean_text(text)[:max_chars].strip()
+    text = clean_text(text)
+    if len(text) > max_chars:
+        head = text[: max_chars + 1]
+        cut = head.rsplit(" ", 1)[0] if max_chars < 45 and " " in head else ""  # short pieces end at a word
+        text = cut if cut.strip() else text[:max_chars]
+    text = text.strip()
     return text or "."

@@ -2,7 +2,7 @@
 
     python -m training.train RUN_DIR --ctc-steps 5000 --joint-steps 15000   # from scratch, then export
     python -m training.train RUN_DIR ... --resume                             # after a stop or a crash
-    python -m training.train RUN_DIR2 ... --init-gguf pantheon_ocr/models/reader   # from shipped weights
+    python -m training.train RUN_DIR2 ... --init-gguf pantheon_ocr/bundled/reader   # from shipped weights
 
 Stage `ctc` trains the vision tower and the projector through a CTC head on the projector output
 (plain joint training collapses: the decoder learns a language model and the projector a constant).
@@ -50,6 +50,10 @@ def parse(argv):
     ap.add_argument("--corrupt", type=float, default=0.2,
                     help="joint: share of fed text tokens replaced by random ones (forces reading the image)")
     ap.add_argument("--shuffle", type=float, default=0.15, help="share of lines whose words are shuffled")
+    ap.add_argument("--max-chars", type=int, default=100,
+                    help="characters per training line; below 45, short pieces cut at words (the pieces a "
+                         "reader with pantheon.reader.line_width reads long lines in)")
+    ap.add_argument("--line-width", type=int, default=0, help="export: pantheon.reader.line_width (px; 0: none)")
     ap.add_argument("--resume", action="store_true", help="continue RUN_DIR/last.pt (weights, optimizer, stage, step)")
     ap.add_argument("--init-gguf", type=Path, help="start from an exported pair's weights (a directory)")
     ap.add_argument("--export", type=Path, help="write the GGUF pair here at the end (default RUN_DIR/gguf)")
@@ -169,7 +173,8 @@ class Trainer:
 
     def run_stage(self, total: int, batches, stop, log) -> None:
         a, model, stage = self.a, self.model, self.stage
-        eval_lines = fixed_set(a.eval_lines, "heldout", 1234, self.cfg.line_height, self.cfg.max_width)
+        eval_lines = fixed_set(a.eval_lines, "heldout", 1234, self.cfg.line_height, self.cfg.max_width,
+                               max_chars=a.max_chars)
         t_last, n_last, losses = time.perf_counter(), self.step, []
         model.train()
         while self.step < total and not stop["now"]:
@@ -226,7 +231,7 @@ def main(argv=None) -> int:
           f"{sum(p.numel() for p in t.model.ctc_head.parameters()) / 1e6:.2f} M, training only); "
           f"stage {t.stage} step {t.step}", flush=True)
     stream = LineStream(a.seed * 1_000_003 + t.step + (10**9 if t.stage == "joint" else 0), a.batch,
-                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode, shuffle=a.shuffle)
+                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode, shuffle=a.shuffle, max_chars=a.max_chars)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=a.workers,
                                          persistent_workers=a.workers > 0, prefetch_factor=4 if a.workers else None)
     batches = iter(loader)
@@ -246,7 +251,7 @@ def main(argv=None) -> int:
     if t.stage == "joint" and t.step >= a.joint_steps:
         from .export import export
 
-        for p in export(t.model.eval(), t.vocab, a.export or a.run_dir / "gguf"):
+        for p in export(t.model.eval(), t.vocab, a.export or a.run_dir / "gguf", line_width=a.line_width):
             print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)", flush=True)
     return 0
 

@@ -105,3 +105,23 @@ def test_gguf_pair_reads_back_into_torch_unchanged(tmp_path, model, vocab):
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_str(tokenizer_json).encode("Straße 1,200 +15%").ids == vocab.encode("Straße 1,200 +15%")
+
+
+def test_short_pieces_end_at_words_and_full_lines_are_unchanged():
+    """--max-chars below 45 trains on the pieces a long line is read in: whole words, at most
+    max_chars; the default keeps the line texts (and so the evaluation sets) of before."""
+    from training.texts import sample_text
+
+    rng = np.random.default_rng(5)
+    pieces = [sample_text(rng, "train", 28) for _ in range(400)]
+    assert all(0 < len(p) <= 28 for p in pieces)
+    assert sum(len(p) > 20 for p in pieces) > 40  # not only single words
+    # Code and synthetic lines draw the same text whatever max_chars: the piece is its start, cut
+    # before a space (a single word longer than the piece is the one exception: cut hard).
+    same = [(sample_text(np.random.default_rng([9, i]), "train", 28), sample_text(np.random.default_rng([9, i]), "train", 10_000))
+            for i in range(400)]
+    cut = [(p, full) for p, full in same if full.startswith(p) and len(full) > len(p) and " " in full[:29]]
+    assert len(cut) > 20 and all(full[len(p)] == " " for p, full in cut)
+    a = [sample_text(np.random.default_rng([3, i]), "heldout") for i in range(50)]
+    b = [sample_text(np.random.default_rng([3, i]), "heldout", 100) for i in range(50)]
+    assert a == b and max(map(len, a)) > 45

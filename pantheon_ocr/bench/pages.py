@@ -104,29 +104,25 @@ class TimedEngine:
         self.decode_last: float | None = None
         self.max_decode_gap = 0.0
 
-    def vision(self, image):
+    def _busy(self, stage: str, call, *args):
+        """call(*args), its wall time added to the stage's busy time (failed calls too)."""
         t = time.perf_counter()
         try:
-            return self.inner.vision(image)
+            return call(*args)
         finally:
-            self.busy["vision"] += time.perf_counter() - t
+            self.busy[stage] += time.perf_counter() - t
+
+    def vision(self, image):
+        return self._busy("vision", self.inner.vision, image)
 
     def prefill(self, features, sampling):
-        t = time.perf_counter()
-        try:
-            return self.inner.prefill(features, sampling)
-        finally:
-            self.busy["prefill"] += time.perf_counter() - t
+        return self._busy("prefill", self.inner.prefill, features, sampling)
 
     def start_prefill(self, features, sampling):
         return self.inner.start_prefill(features, sampling)
 
     def prefill_step(self, seq):
-        t = time.perf_counter()
-        try:
-            return self.inner.prefill_step(seq)
-        finally:
-            self.busy["prefill"] += time.perf_counter() - t
+        return self._busy("prefill", self.inner.prefill_step, seq)
 
     def decode_step(self, seqs):
         live = sum(not s.finished for s in seqs)

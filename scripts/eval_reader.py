@@ -58,11 +58,10 @@ def read_lines(engine, lines, batch: int = 64) -> list[str]:
 
 def pieces_of(engine, image: np.ndarray) -> list:
     """A line image as the pipeline feeds it: whole if it fits the reader's line_width, else cut."""
-    width = getattr(engine, "line_width", 0) or engine.longest_edge
-    if image.shape[1] <= width:
+    if image.shape[1] <= engine.line_width:
         return [image]
     h, w = image.shape
-    return line_images(image, (0, 0, w, h), h, engine.patch_size, width)
+    return line_images(image, (0, 0, w, h), h, engine.patch_size, engine.line_width)
 
 
 def read_documents(engine, paths: list[Path], segment: str | None) -> dict[Path, list[str]]:

@@ -63,10 +63,10 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
     from .progress import progress_bar
 
     spec = job_run.load_job(job)
-    if spec.model["threads"]:  # before the engine loads numpy's BLAS
-        from ..engine.threads import set_blas_threads
+    if spec.model["threads"]:  # numpy's BLAS, OpenMP, and torch whenever it loads
+        from ..engine.threads import set_threads
 
-        set_blas_threads(spec.model["threads"])
+        set_threads(spec.model["threads"])
     address = None if no_ray else ray_address or spec.ray["address"]
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress

@@ -53,11 +53,6 @@ def blas_env(threads: int) -> dict[str, str]:
     return {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def set_blas_threads(threads: int) -> None:
-    """Former name of set_threads (kept for callers written before it)."""
-    set_threads(threads)
-
-
 def stage_threads(threads: int | None, overlap: bool) -> int | None:
     """Threads per pipeline stage: the user's choice, else, when the vision stage overlaps the
     CPU stage, half the cores each (both stages busy at once must not want more than the

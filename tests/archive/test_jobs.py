@@ -70,14 +70,20 @@ def rows(job: Path, sql: str, *args) -> list[tuple]:
     ('inputs = ["in"]\noutput = "out"\n[retry]\non = ["loops"]\n', "retry.on: values must be among 'repetition', 'max_tokens', 'error'"),
     ('inputs = ["in"]\noutput = "out"\nmodel = "x"\n', "model: must be a table ([model])"),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\nsegment = "words"\n', "ocr.segment: "),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\nlongest_edge = 100000000\n', "ocr.longest_edge: must be an integer >= 64 and <= 10000"),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\ntemperature = inf\n', "ocr.temperature: must be a finite number >= 0"),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\npage_timeout = 0\n', "ocr.page_timeout: must be a finite number > 0"),
+    ('inputs = ["in"]\noutput = "out"\n[retry]\ntemperatures = [0.2, nan]\n', "retry.temperatures: must be a non-empty list of finite numbers"),
     ('inputs = ["in"\n', "not valid TOML"),
 ])
 def test_job_file_errors_name_the_key(tmp_path, text, message):
+    """Missing, unknown, mistyped and absurd values: one error naming the file and the key, exit 2."""
     job = tmp_path / "nightly.toml"
     job.write_text(text)
     with pytest.raises(JobError) as e:
         load_job(job)
     assert str(e.value).startswith("nightly.toml: " if "TOML" not in message else str(job)) and message in str(e.value)
+    assert e.value.exit_code == ExitCode.BAD_ARGUMENTS
 
 
 def test_job_file_defaults_and_relative_paths(tmp_path):

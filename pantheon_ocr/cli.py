@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except PantheonError as exc:
         if verbose:
             raise
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {shown(exc)}", err=True)
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -74,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
         return 1
+
+
+def shown(exc) -> str:
+    """An error as the command line says it: a setting the library names is shown as its flag."""
+    from .errors import OptionError
+
+    if isinstance(exc, OptionError) and exc.option:
+        from .commands.options import flag_name
+
+        return exc.named(flag_name(exc.option))
+    return str(exc)
 
 
 def run() -> None:

@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     BAD_ARGUMENTS = 2
     BAD_MODEL = 3  # bad or unsupported model file
     INPUT_UNREADABLE = 4  # input not found or unreadable
+    NETWORK = 69  # `models pull`: the Hub cannot be reached or did not answer usably; try again later (EX_UNAVAILABLE)
     CANNOT_WRITE = 73  # an output (or the job state) cannot be written: permissions, read-only, disk full (EX_CANTCREAT)
     JOB_LOCKED = 75  # another run holds the job's lock: try again later (sysexits EX_TEMPFAIL)
     INTERRUPTED = 130
@@ -49,6 +50,22 @@ class UsageError(PantheonError):
     exit_code = ExitCode.BAD_ARGUMENTS
 
 
+class OptionError(UsageError):
+    """A setting has a value that cannot work. The library names the setting as the options table
+    does (`device`, `vision_backend`); the CLI and the job-file loader show it as their flag
+    (`--device`) or key (`model.device`)."""
+
+    def __init__(self, option: str | None, problem: str, value: object = None):
+        self.option, self.problem, self.value = option, problem, value
+        super().__init__(self.named(option))
+
+    def named(self, name: str | None) -> str:
+        """The message with the setting called `name` (a flag, a job-file key; None: no setting)."""
+        if name is None:
+            return self.problem
+        return f"{name}{'' if self.value is None else f' {self.value}'}: {self.problem}"
+
+
 class ModelError(PantheonError):
     """A model file is missing, corrupt, inconsistent or unsupported."""
 
@@ -83,3 +100,16 @@ class WriteError(PantheonError):
     """An output or the job state cannot be written (permissions, read-only file system, disk full)."""
 
     exit_code = ExitCode.CANNOT_WRITE
+
+
+class NetworkError(PantheonError):
+    """The Hub (or its download servers) cannot be reached or answers in a way that cannot be used:
+    down, refused, timed out or stalled, rate-limited, a server error, a malformed answer. Not a
+    bad model: trying again later (or another HF_ENDPOINT) may work. `setting` names the limit
+    that ended it (`timeout`, `deadline`, `min_rate`, `max_wait`), if one did."""
+
+    exit_code = ExitCode.NETWORK
+
+    def __init__(self, where: object, problem: str, setting: str | None = None):
+        self.where, self.problem, self.setting = str(where), problem, setting
+        super().__init__(f"{path_text(self.where)}: {problem}")

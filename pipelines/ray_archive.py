@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = job_run.load_job(args.job)
         executor = RayExecutor(
-            job_run.model_engine_factory(spec), address=args.address, workers=args.workers or spec.ray["workers"],
-            cpus_per_worker=args.cpus_per_worker or spec.ray["cpus_per_worker"],
-            chunk_pages=args.chunk_pages or spec.ray["chunk_pages"],
+            job_run.model_engine_factory(spec), address=args.address, workers=args.workers or spec.ray.workers,
+            cpus_per_worker=args.cpus_per_worker or spec.ray.cpus_per_worker,
+            chunk_pages=args.chunk_pages or spec.ray.chunk_pages,
         )
         result = job_run.run_job(spec, executor=executor, retry_failed=args.retry_failed, log=log)
     except PantheonError as e:

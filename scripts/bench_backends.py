@@ -47,7 +47,7 @@ def random_vision_model(n_layer: int, seed: int = 0, **shape):
 
     from pantheon_ocr.engine.models.lightonocr import Projector
     from pantheon_ocr.engine.models.pixtral import PixtralLayer, PixtralVision, VisionConfig
-    from pantheon_ocr.engine.weights import Weight
+    from pantheon_ocr.engine.format.weights import Weight
 
     s = {**REAL_VISION, **shape, "n_layer": n_layer}
     cfg = VisionConfig(projector_type="lightonocr", n_embd=s["n_embd"], n_ff=s["n_ff"], n_layer=n_layer,
@@ -314,7 +314,8 @@ def _intersection(a, b) -> float:
 
 
 def bench_overlap(args) -> list[dict]:
-    from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_model
+    from pantheon_ocr.engine.loader import EngineOptions, load_page_engine
+    from pantheon_ocr.modelfiles.resolve import resolve_model
     from pantheon_ocr.pipeline.inputs import expand_inputs
     from pantheon_ocr.pipeline.run import run_pipeline
     from pantheon_ocr.engine.sampling import SamplingOptions

@@ -3,6 +3,12 @@ sample documents against the PDFs' own text layer (PDFium's text extraction).
 
     python scripts/eval_reader.py                                   # the bundled reader
     python scripts/eval_reader.py --model DIR [--lines 300] [--pages 10] [--json out.json]
+    python scripts/eval_reader.py --devset ../shared/devset --out devset-pred/   # real documents
+
+--devset reads the dev set's listed pages of real PDFs by OCR only (the PDF's own text layer is
+the truth, never an input: no text-layer fallback), writes OUT/<doc>/<page>.txt, scores them
+with the dev set's own score.py (per-document CER / WER / BoW-F1) and prints the CPU seconds per
+page (this process and its render workers). `--lines 0 --pages 0` skips the synthetic sets.
 
 Sets (greedy decoding, so every run gives the same text):
 - lines, seen faces: held-out text in the faces the reader was trained on;
@@ -29,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pantheon_ocr.engine.loader import EngineOptions, load_page_engine, resolve_model  # noqa: E402
+from pantheon_ocr.engine.loader import EngineOptions, load_page_engine  # noqa: E402
+from pantheon_ocr.modelfiles.resolve import resolve_model  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
 from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
@@ -58,10 +65,55 @@ def read_lines(engine, lines, batch: int = 64) -> list[str]:
 
 def pieces_of(engine, image: np.ndarray) -> list:
     """A line image as the pipeline feeds it: whole if it fits the reader's line_width, else cut."""
-    if image.shape[1] <= engine.line_width:
+    hints = engine.hints
+    if image.shape[1] <= hints.line_width:
         return [image]
     h, w = image.shape
-    return line_images(image, (0, 0, w, h), h, engine.patch_size, engine.line_width)
+    return line_images(image, (0, 0, w, h), h, hints.patch_size, hints.line_width)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the render workers)."""
+    import resource
+
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def eval_devset(engine, devset: Path, out: Path, segment: str | None, batch_size: int) -> dict:
+    """The dev set's pages read by OCR only, written as OUT/<doc>/<page>.txt and scored by its score.py."""
+    import subprocess
+
+    from pantheon_ocr.pipeline.render import count_pages
+    from pantheon_ocr.pipeline.types import PageTask
+
+    manifest = json.loads((devset / "pages.json").read_text())
+    docs, tasks, ids = [], [], {}
+    for d in manifest["docs"]:
+        doc = make_document(devset / d["pdf"])
+        n = count_pages(doc)
+        docs.append(doc)
+        ids[str(doc.path)] = d["id"]
+        tasks += [PageTask(doc, p - 1, n) for p in d["pages"]]
+    texts: dict[tuple[str, int], str] = {}
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        options = PipelineOptions(out_dir=Path(scratch), segment=segment, batch_size=batch_size, text_fallback=False,
+                                  overwrite=True)
+        summary = run_pipeline(docs, engine, options, tasks=tasks, write_outputs=False,
+                               on_page=lambda r: texts.__setitem__((ids[str(r.doc.path)], r.page), r.text))
+    cpu, wall = cpu_seconds() - c0, time.perf_counter() - t0
+    for f in summary.failed_pages:
+        print(f"failed: {f}", file=sys.stderr)
+    for (doc_id, page), text in texts.items():
+        (out / doc_id).mkdir(parents=True, exist_ok=True)
+        (out / doc_id / f"{page:04d}.txt").write_text(text + "\n", encoding="utf-8")
+    scores = out / "scores.json"
+    subprocess.run([sys.executable, str(devset / "score.py"), str(out), "--truth", str(devset / "truth"),
+                    "--manifest", str(devset / "pages.json"), "--no-pages", "--json", str(scores)], check=True)
+    n = len(tasks)
+    print(f"\n{n} pages: {cpu / n:.2f} CPU-s/page, {wall / n:.2f} s/page wall ({cpu:.0f} CPU-s, {wall:.0f} s)")
+    return {"pages": n, "cpu_s_per_page": cpu / n, "wall_s_per_page": wall / n, "scores": json.loads(scores.read_text())}
 
 
 def read_documents(engine, paths: list[Path], segment: str | None) -> dict[Path, list[str]]:
@@ -105,15 +157,24 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", choices=["page", "blocks", "lines"], default=None)
     ap.add_argument("--show", action="store_true", help="print each sample document's text")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--devset", type=Path, help="the real-document dev set (../shared/devset): read, score, time")
+    ap.add_argument("--out", type=Path, default=Path("devset-pred"), help="--devset: where the page texts go")
+    ap.add_argument("--batch-size", type=int, default=8, help="--devset: pages decoded together")
     a = ap.parse_args(argv)
     text, mmproj = resolve_model(a.model, a.mmproj)
-    engine, notes = load_page_engine(EngineOptions(text, mmproj, weights="f32"))
+    engine, notes = load_page_engine(EngineOptions(text, mmproj))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"model: {text.name} + {mmproj.name}\n")
+    if a.devset:
+        result = eval_devset(engine, a.devset.resolve(), a.out, a.segment, a.batch_size)
+        if a.json:
+            a.json.write_text(json.dumps({"model": [str(text), str(mmproj)], "devset": result}, indent=1))
+        if not (a.lines or a.pages):
+            return 0
     print("| set | items | characters | CER | WER | seconds |\n|---|---|---|---|---|---|")
     results = []
-    h, w = engine.line_height or 28, engine.longest_edge
+    h, w = engine.hints.line_height or 28, engine.longest_edge
     for label, faces in (("lines, seen faces, held-out text", "train"), ("lines, held-out faces and text", "heldout")):
         if a.lines:
             lines = fixed_set(a.lines, "heldout", 4321, h, w, face_split=faces)

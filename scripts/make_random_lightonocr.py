@@ -27,9 +27,10 @@ renumbered. K-quant types
 mmproj is F16, as publishers ship it.
 
 Memory stays low: tensor infos are declared first, then each tensor is generated and written in
-row chunks of a few tens of MB (gguf.GGUFWriter streaming; the largest tensor, the 151936 x 1024
-embedding, is never whole in memory). Dtypes follow the converter's rules: 1-D tensors and norms
-F32; v.patch_embd and mm.patch_merger F32 (F16 when --dtype F16); every other matrix --dtype.
+row chunks of a few tens of MB (the engine's one GGUF writer, pantheon_ocr/engine/format/writer.py,
+streams them; the largest tensor, the 151936 x 1024 embedding, is never whole in memory). Dtypes
+follow the converter's rules: 1-D tensors and norms F32; v.patch_embd and mm.patch_merger F32 (F16
+when --dtype F16); every other matrix --dtype.
 """
 
 from __future__ import annotations
@@ -38,55 +39,46 @@ import argparse
 import sys
 import time
 import zlib
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-import gguf
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFValueType as V
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quantize_gguf  # noqa: E402  (scripts/: the K-quant encoders and llama-quantize's type rules)
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
+import quantize_gguf  # noqa: E402  (scripts/: the K-quant encoders and llama-quantize's type rules)
+
+from pantheon_ocr.engine.format import names as N  # noqa: E402
+from pantheon_ocr.engine.format import writer  # noqa: E402
+
 FIXTURE_TEXT = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "text.gguf"
 
 # LightOnOCR-1B's shapes
 VISION = dict(n_embd=1024, n_ff=4096, n_layer=24, n_head=16, patch=14, image_size=1540, eps=1e-5, merge=2)
 TEXT = dict(n_embd=1024, n_ff=3072, n_layer=28, n_head=16, n_head_kv=8, head_dim=128, n_vocab=151936,
             n_ctx=40960, rope_base=1e6, eps=1e-6)
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 DTYPES = {"BF16": Q.BF16, "F16": Q.F16, "Q8_0": Q.Q8_0, "F32": Q.F32, "Q6_K": Q.Q6_K, "Q4_K_M": Q.Q4_K,
           "Q4_K_S": Q.Q4_K}
 QWEN_ADDED = (151643, 151669)  # Qwen's added tokens <|endoftext|> .. </think>: kept by a pruned vocabulary
 PROMPT_WORDS = ("system", "user", "assistant", "Ċ")  # and the chat prompt's words
-TOKENIZER_KEYS = (  # copied from the fixture, with the value types the converter writes
-    ("tokenizer.ggml.model", V.STRING, None),
-    ("tokenizer.ggml.pre", V.STRING, None),
-    ("tokenizer.ggml.tokens", V.ARRAY, V.STRING),
-    ("tokenizer.ggml.token_type", V.ARRAY, V.INT32),
-    ("tokenizer.ggml.merges", V.ARRAY, V.STRING),
-    ("tokenizer.ggml.eos_token_id", V.UINT32, None),
-    ("tokenizer.ggml.padding_token_id", V.UINT32, None),
-    ("tokenizer.ggml.add_bos_token", V.BOOL, None),
-    ("tokenizer.ggml.add_eos_token", V.BOOL, None),
-    ("tokenizer.chat_template", V.STRING, None),
-)
 CHUNK_BYTES = 32 << 20  # float32 bytes generated per chunk
+NAME = "LightOnOCR 1B Random"
 
 
 class Spec:
-    """One tensor: numpy shape (rows, ..., cols), stored type, and how its values are drawn."""
+    """One tensor: numpy shape (rows, ..., cols), stored type, and how its values are drawn: 1-D
+    (norms) 1 + 0.02 N(0, 1), the token embedding 0.5 N(0, 1), matrices N(0, 1/fan_in)."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], qtype: Q, kind: str, fan_in: int = 1):
-        self.name, self.shape, self.qtype, self.kind, self.fan_in = name, shape, qtype, kind, fan_in
+    def __init__(self, name: str, shape: tuple[int, ...], qtype: Q):
+        self.name, self.shape, self.qtype = name, shape, qtype
+        self.kind = "norm" if len(shape) == 1 else "embd" if name == N.TOKEN_EMBD else "matrix"
+        self.fan_in = int(np.prod(shape[1:]))
 
     @property
     def n_bytes(self) -> int:
-        block, size = gguf.GGML_QUANT_SIZES[self.qtype]
-        return int(np.prod(self.shape[:-1])) * (self.shape[-1] // block) * size
+        return writer.tensor_nbytes(self.shape, self.qtype)
 
     def chunks(self, seed: int):
         """Stored bytes of the tensor, a block of rows at a time."""
@@ -103,15 +95,16 @@ class Spec:
                 x *= np.float32(0.5)
             else:  # matrix: N(0, 1/fan_in)
                 x *= np.float32(self.fan_in ** -0.5)
-            yield encode(x.astype(np.float32), self.qtype)
+            yield quantize_gguf.quantize(x.astype(np.float32), self.qtype)
+
+    def streamed(self, seed: int) -> writer.Streamed:
+        return writer.Streamed(self.name, self.shape, self.qtype, partial(self.chunks, seed))
 
 
-def encode(x: np.ndarray, qtype: Q) -> np.ndarray:
-    """float32 [rows, cols] -> stored bytes/values of one chunk."""
-    if qtype == Q.BF16:  # round to nearest even, as gguf.quants / the converter do
-        u = x.view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return quantize_gguf.quantize(x, qtype)
+def _specs(shapes: list[tuple[str, tuple[int, ...]]], ftype: str, n_layer: int, mmproj: bool) -> list[Spec]:
+    """Each tensor with the type llama.cpp gives it in a file of `ftype` (quantize_gguf.tensor_type)."""
+    return [Spec(name, shape, quantize_gguf.tensor_type(name, shape, ftype, n_layer, tied=True, mmproj=mmproj))
+            for name, shape in shapes]
 
 
 def text_specs(n_layer: int, dtype: str | Q, t: dict = TEXT) -> list[Spec]:
@@ -119,134 +112,60 @@ def text_specs(n_layer: int, dtype: str | Q, t: dict = TEXT) -> list[Spec]:
     dtype = dtype.name if isinstance(dtype, Q) else dtype
     d, ff, hd = t["n_embd"], t["n_ff"], t["head_dim"]
     qd, kvd = t["n_head"] * hd, t["n_head_kv"] * hd
-
-    def spec(name: str, shape: tuple[int, ...], kind: str, fan_in: int = 1) -> Spec:
-        qtype = quantize_gguf.tensor_type(name, shape, dtype, n_layer, tied=True, mmproj=False)
-        return Spec(name, shape, qtype, kind, fan_in)
-
-    specs = [spec("token_embd.weight", (t["n_vocab"], d), "embd")]
-    for i in range(n_layer):  # the converter's order within a block
-        p = f"blk.{i}."
-        specs += [
-            spec(p + "attn_norm.weight", (d,), "norm"),
-            spec(p + "ffn_down.weight", (d, ff), "matrix", ff),
-            spec(p + "ffn_gate.weight", (ff, d), "matrix", d),
-            spec(p + "ffn_up.weight", (ff, d), "matrix", d),
-            spec(p + "ffn_norm.weight", (d,), "norm"),
-            spec(p + "attn_k_norm.weight", (hd,), "norm"),
-            spec(p + "attn_k.weight", (kvd, d), "matrix", d),
-            spec(p + "attn_output.weight", (d, qd), "matrix", qd),
-            spec(p + "attn_q_norm.weight", (hd,), "norm"),
-            spec(p + "attn_q.weight", (qd, d), "matrix", d),
-            spec(p + "attn_v.weight", (kvd, d), "matrix", d),
-        ]
-    specs.append(spec("output_norm.weight", (d,), "norm"))
-    return specs
+    block = {N.ATTN_NORM: (d,), N.FFN_DOWN: (d, ff), N.FFN_GATE: (ff, d), N.FFN_UP: (ff, d), N.FFN_NORM: (d,),
+             N.ATTN_K_NORM: (hd,), N.ATTN_K: (kvd, d), N.ATTN_OUTPUT: (d, qd), N.ATTN_Q_NORM: (hd,),
+             N.ATTN_Q: (qd, d), N.ATTN_V: (kvd, d)}
+    shapes = [(N.TOKEN_EMBD, (t["n_vocab"], d))]
+    shapes += [(N.blk(i, name), block[name]) for i in range(n_layer) for name in N.QWEN3_BLOCK]
+    return _specs(shapes + [(N.OUTPUT_NORM, (d,))], dtype, n_layer, mmproj=False)
 
 
 def vision_specs(n_layer: int, qtype: Q, v: dict = VISION, d_text: int = TEXT["n_embd"]) -> list[Spec]:
     d, ff, p, s = v["n_embd"], v["n_ff"], v["patch"], v["merge"]
-    special = Q.F16 if qtype == Q.F16 else Q.F32  # patch conv and merger: F32 unless outtype f16
-    specs = [
-        Spec("v.pre_ln.weight", (d,), Q.F32, "norm"),
-        Spec("v.patch_embd.weight", (d, 3, p, p), special, "matrix", 3 * p * p),
-    ]
-    for i in range(n_layer):
-        b = f"v.blk.{i}."
-        specs += [
-            Spec(b + "attn_k.weight", (d, d), qtype, "matrix", d),
-            Spec(b + "attn_out.weight", (d, d), qtype, "matrix", d),
-            Spec(b + "attn_q.weight", (d, d), qtype, "matrix", d),
-            Spec(b + "attn_v.weight", (d, d), qtype, "matrix", d),
-            Spec(b + "ln1.weight", (d,), Q.F32, "norm"),
-            Spec(b + "ffn_down.weight", (d, ff), qtype, "matrix", ff),
-            Spec(b + "ffn_gate.weight", (ff, d), qtype, "matrix", d),
-            Spec(b + "ffn_up.weight", (ff, d), qtype, "matrix", d),
-            Spec(b + "ln2.weight", (d,), Q.F32, "norm"),
-        ]
-    specs += [
-        Spec("mm.1.weight", (d_text, d), qtype, "matrix", d),
-        Spec("mm.2.weight", (d_text, d_text), qtype, "matrix", d_text),
-        Spec("mm.input_norm.weight", (d,), Q.F32, "norm"),
-        Spec("mm.patch_merger.weight", (d, d * s * s), special, "matrix", d * s * s),
-    ]
-    return specs
+    block = {N.V_ATTN_K: (d, d), N.V_ATTN_OUT: (d, d), N.V_ATTN_Q: (d, d), N.V_ATTN_V: (d, d), N.V_LN1: (d,),
+             N.V_FFN_DOWN: (d, ff), N.V_FFN_GATE: (ff, d), N.V_FFN_UP: (ff, d), N.V_LN2: (d,)}
+    shapes = [(N.V_PRE_LN, (d,)), (N.V_PATCH_EMBD, (d, 3, p, p))]
+    shapes += [(N.v_blk(i, name), block[name]) for i in range(n_layer) for name in N.PIXTRAL_BLOCK]
+    shapes += [(N.MM_1, (d_text, d)), (N.MM_2, (d_text, d_text)), (N.MM_INPUT_NORM, (d,)),
+               (N.MM_PATCH_MERGER, (d, d * s * s))]
+    return _specs(shapes, qtype.name, n_layer, mmproj=True)  # patch conv and merger F32 unless F16
 
 
 def size_label(n_params: int) -> str:
-    return f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{round(n_params / 1e6)}M"
+    return writer.size_label(n_params)
 
 
-def write_gguf(path: Path, arch: str, kv: list[tuple[str, object, V, V | None]], specs: list[Spec], seed: int,
-               log=print) -> None:
-    """Declare every tensor, write header + metadata + tensor infos, then stream tensor data."""
-    w = gguf.GGUFWriter(path, arch)  # writes general.architecture
-    for key, value, vtype, sub in kv:
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    for s in specs:
-        w.add_tensor_info(s.name, s.shape, np.dtype(np.float32), s.n_bytes, raw_dtype=s.qtype)
-    w.write_header_to_file(path)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    t0 = time.perf_counter()
-    for i, s in enumerate(specs):
-        _write_streamed(w, s, s.chunks(seed))
-        if log and (s.n_bytes > 64 << 20 or i == len(specs) - 1):
-            log(f"  {path.name}: {i + 1}/{len(specs)} tensors, {time.perf_counter() - t0:.0f} s")
-    w.close()
+def tokenizer_kv(n_vocab: int = TEXT["n_vocab"]) -> dict:
+    """The fixture's tokenizer metadata (the converter's keys and value types); below its 151,936
+    entries a pruned vocabulary (see the module docstring) whose token list, types, merges and
+    special ids agree with each other."""
+    from pantheon_ocr.engine.format.gguf import open_gguf
 
-
-def _write_streamed(w: gguf.GGUFWriter, spec: Spec, chunks) -> None:
-    """GGUFWriter.write_tensor_data for a tensor given as row chunks (same padding and checks)."""
-    fout = w.fout[0]
-    name = next(iter(w.tensors[0]))
-    if name != spec.name:
-        raise RuntimeError(f"tensor order mismatch: writer expects {name!r}, got {spec.name!r}")
-    ti = w.tensors[0].pop(name)
-    w.write_padding(fout, fout.tell())
-    n = 0
-    for chunk in chunks:
-        chunk.tofile(fout)
-        n += chunk.nbytes
-    if n != ti.nbytes:
-        raise RuntimeError(f"{spec.name}: wrote {n} bytes, declared {ti.nbytes}")
-    w.write_padding(fout, n)
-    w.state = gguf.gguf_writer.WriterState.WEIGHTS
-
-
-def tokenizer_kv(n_vocab: int = TEXT["n_vocab"]) -> list[tuple[str, object, V, V | None]]:
-    """The fixture's tokenizer metadata; below its 151,936 entries a pruned vocabulary (see the
-    module docstring) whose token list, types, merges and special ids agree with each other."""
-    sys.path.insert(0, str(ROOT))
-    from pantheon_ocr.engine.gguf import open_gguf
-
-    gf = open_gguf(FIXTURE_TEXT)
-    meta = {key: gf.metadata[key] for key, _, _ in TOKENIZER_KEYS}
-    if n_vocab < len(meta["tokenizer.ggml.tokens"]):
+    meta = open_gguf(FIXTURE_TEXT).metadata
+    if n_vocab < len(meta[N.TOKENS]):
         meta = _pruned(meta, n_vocab)
-    out = []
-    for key, vtype, sub in TOKENIZER_KEYS:
-        value = meta[key]
-        out.append((key, value.tolist() if isinstance(value, np.ndarray) else value, vtype, sub))
-    return out
+    return writer.tokenizer_metadata(meta[N.TOKENS], meta[N.TOKEN_TYPE], meta[N.MERGES], eos=meta[N.EOS_ID],
+                                     pad=meta[N.PADDING_ID], chat_template=meta[N.CHAT_TEMPLATE],
+                                     pre=meta[N.TOKENIZER_PRE], model=meta[N.TOKENIZER_MODEL],
+                                     add_bos=meta[N.ADD_BOS], add_eos=meta[N.ADD_EOS])
 
 
 def _pruned(meta: dict, n_vocab: int) -> dict:
-    tokens, types = meta["tokenizer.ggml.tokens"], np.asarray(meta["tokenizer.ggml.token_type"])
+    tokens, types = meta[N.TOKENS], np.asarray(meta[N.TOKEN_TYPE])
     added = list(range(*QWEN_ADDED))
     named = [i for i, tok in enumerate(tokens) if tok in PROMPT_WORDS]  # the prompt's own pieces
     first = [i for i in range(n_vocab) if i not in named][: n_vocab - len(added) - len(named)]
     keep = sorted(first + named) + added  # old ids, in their new order
     new_id = {old: new for new, old in enumerate(keep)}
     kept = {tokens[i] for i in keep}
-    merges = [m for m in meta["tokenizer.ggml.merges"]
+    merges = [m for m in meta[N.MERGES]
               if (parts := m.split(" ")) and len(parts) == 2 and {parts[0], parts[1], parts[0] + parts[1]} <= kept]
     return meta | {
-        "tokenizer.ggml.tokens": [tokens[i] for i in keep],
-        "tokenizer.ggml.token_type": types[keep],
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.eos_token_id": new_id[meta["tokenizer.ggml.eos_token_id"]],
-        "tokenizer.ggml.padding_token_id": new_id[meta["tokenizer.ggml.padding_token_id"]],
+        N.TOKENS: [tokens[i] for i in keep],
+        N.TOKEN_TYPE: types[keep],
+        N.MERGES: merges,
+        N.EOS_ID: new_id[meta[N.EOS_ID]],
+        N.PADDING_ID: new_id[meta[N.PADDING_ID]],
     }
 
 
@@ -267,52 +186,22 @@ def make_pair(out_dir: Path, vision_layers: int = VISION["n_layer"], text_layers
 
     tspecs = text_specs(text_layers, dtype, t)
     n_text = sum(int(np.prod(s.shape)) for s in tspecs)
-    text_kv = [
-        ("general.type", "model", V.STRING, None),
-        ("general.name", "LightOnOCR 1B Random", V.STRING, None),
-        ("general.size_label", size_label(n_text), V.STRING, None),
-        ("qwen3.block_count", text_layers, V.UINT32, None),
-        ("qwen3.context_length", t["n_ctx"], V.UINT32, None),
-        ("qwen3.embedding_length", t["n_embd"], V.UINT32, None),
-        ("qwen3.feed_forward_length", t["n_ff"], V.UINT32, None),
-        ("qwen3.attention.head_count", t["n_head"], V.UINT32, None),
-        ("qwen3.attention.head_count_kv", t["n_head_kv"], V.UINT32, None),
-        ("qwen3.rope.freq_base", t["rope_base"], V.FLOAT32, None),
-        ("qwen3.attention.layer_norm_rms_epsilon", t["eps"], V.FLOAT32, None),
-        ("qwen3.attention.key_length", t["head_dim"], V.UINT32, None),
-        ("qwen3.attention.value_length", t["head_dim"], V.UINT32, None),
-        ("general.file_type", quantize_gguf.FTYPES[dtype], V.UINT32, None),
-        ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32, None),
-    ] + tokenizer_kv(t["n_vocab"])
+    text_meta = writer.text_metadata(
+        writer.general_metadata(N.TYPE_MODEL, NAME, size_label(n_text)), writer.FILE_TYPES[dtype],
+        tokenizer_kv(t["n_vocab"]), n_layer=text_layers, n_ctx=t["n_ctx"], n_embd=t["n_embd"], n_ff=t["n_ff"],
+        n_head=t["n_head"], n_head_kv=t["n_head_kv"], head_dim=t["head_dim"], rope_base=t["rope_base"], eps=t["eps"])
 
     vspecs = vision_specs(vision_layers, qtype, v, t["n_embd"])
     n_vis = sum(int(np.prod(s.shape)) for s in vspecs)
-    mmproj_kv = [
-        ("general.type", "mmproj", V.STRING, None),
-        ("general.name", "LightOnOCR 1B Random", V.STRING, None),
-        ("general.size_label", size_label(n_vis), V.STRING, None),
-        ("general.file_type", quantize_gguf.FTYPES[mmproj_dtype], V.UINT32, None),
-        ("clip.has_vision_encoder", True, V.BOOL, None),
-        ("clip.vision.projection_dim", t["n_embd"], V.UINT32, None),
-        ("clip.vision.image_size", v["image_size"], V.UINT32, None),
-        ("clip.vision.patch_size", v["patch"], V.UINT32, None),
-        ("clip.vision.embedding_length", v["n_embd"], V.UINT32, None),
-        ("clip.vision.feed_forward_length", v["n_ff"], V.UINT32, None),
-        ("clip.vision.block_count", vision_layers, V.UINT32, None),
-        ("clip.vision.attention.head_count", v["n_head"], V.UINT32, None),
-        ("clip.vision.image_mean", list(CLIP_MEAN), V.ARRAY, V.FLOAT32),
-        ("clip.vision.image_std", list(CLIP_STD), V.ARRAY, V.FLOAT32),
-        ("clip.projector_type", "lightonocr", V.STRING, None),
-        ("clip.vision.attention.layer_norm_epsilon", v["eps"], V.FLOAT32, None),
-        ("clip.use_silu", True, V.BOOL, None),
-        ("clip.vision.spatial_merge_size", v["merge"], V.UINT32, None),
-        ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32, None),
-    ]
+    mmproj_meta = writer.mmproj_metadata(
+        writer.general_metadata(N.TYPE_MMPROJ, NAME, size_label(n_vis)), writer.FILE_TYPES[mmproj_dtype],
+        projection_dim=t["n_embd"], image_size=v["image_size"], patch_size=v["patch"], n_embd=v["n_embd"],
+        n_ff=v["n_ff"], n_layer=vision_layers, n_head=v["n_head"], eps=v["eps"], merge=v["merge"])
     if log:
         log(f"text: {text_layers} layers, {n_text / 1e6:.0f}M params; vision+projector: {vision_layers} layers, "
             f"{n_vis / 1e6:.0f}M params; matrices {dtype} (mmproj {mmproj_dtype})")
-    write_gguf(text_path, "qwen3", text_kv, tspecs, seed, log)
-    write_gguf(mmproj_path, "clip", mmproj_kv, vspecs, seed, log)
+    writer.write_gguf(text_path, N.ARCH_QWEN3, text_meta, [s.streamed(seed) for s in tspecs], log=log)
+    writer.write_gguf(mmproj_path, N.ARCH_CLIP, mmproj_meta, [s.streamed(seed) for s in vspecs], log=log)
     return text_path, mmproj_path
 
 

@@ -15,23 +15,26 @@ embedding (no output.weight) is Q6_K; Q4_K_M makes attn_v and ffn_down Q6_K in t
 first n_layer/8; rows that are not a multiple of 256 fall back to Q5_0 / Q5_1 / Q8_0. An mmproj
 (general.architecture = clip) is never K-quantized: its matrices take F32/F16/BF16/Q8_0 and its
 patch convolution and patch merger stay F32 (F16 for an F16 file), as the converter writes them.
+The file is written by the engine's one GGUF writer (pantheon_ocr/engine/format/writer.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFValueType as V
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from pantheon_ocr.engine.format import names as N  # noqa: E402
+from pantheon_ocr.engine.format.writer import FILE_TYPES as FTYPES  # noqa: E402  (LlamaFileType by name)
+from pantheon_ocr.engine.format.writer import write_gguf  # noqa: E402, F401  (the one GGUF writer; tests call it here)
+
 QK_K = 256
-FTYPES = {"F32": 0, "F16": 1, "Q8_0": 7, "Q6_K": 18, "Q4_K_S": 14, "Q4_K_M": 15, "BF16": 32}  # LlamaFileType
 BASE = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q6_K": Q.Q6_K, "Q4_K_S": Q.Q4_K, "Q4_K_M": Q.Q4_K}
 FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0}  # llama.cpp's tensor_type_fallback
 
@@ -126,21 +129,22 @@ def tensor_type(name: str, shape: tuple[int, ...], ftype: str, n_layer: int, tie
     if len(shape) < 2 or name.endswith("norm.weight"):
         return Q.F32
     if mmproj:
-        if name.startswith(("v.patch_embd", "mm.patch_merger")):
+        if name in N.FULL_PRECISION:  # the patch convolution and the patch merger
             return Q.F16 if ftype == "F16" else Q.F32
         return {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0}[ftype]
     qtype = BASE[ftype]
     if qtype in (Q.F32, Q.F16, Q.BF16, Q.Q8_0):
         return qtype
-    layer = int(m.group(1)) if (m := re.match(r"blk\.(\d+)\.", name)) else -1
-    if name == "output.weight" or (tied and name == "token_embd.weight"):
+    layer = N.block_index(name)
+    layer = -1 if layer is None else layer
+    if name == N.OUTPUT or (tied and name == N.TOKEN_EMBD):
         qtype = Q.Q6_K if shape[-1] % QK_K == 0 else Q.Q8_0
-    elif name.endswith("attn_v.weight"):
+    elif name.endswith("." + N.ATTN_V):
         if ftype == "Q4_K_M" and use_more_bits(layer, n_layer):
             qtype = Q.Q6_K
         elif ftype == "Q4_K_S" and layer < 4:
             qtype = Q.Q5_K
-    elif name.endswith("ffn_down.weight"):
+    elif name.endswith("." + N.FFN_DOWN):
         if ftype == "Q4_K_M" and use_more_bits(layer, n_layer):
             qtype = Q.Q6_K
         elif ftype == "Q4_K_S" and layer < n_layer // 8:
@@ -151,57 +155,23 @@ def tensor_type(name: str, shape: tuple[int, ...], ftype: str, n_layer: int, tie
 
 
 # -- copying a GGUF -------------------------------------------------------------------------------
-def _kv_type(value) -> tuple[V, V | None]:
-    if isinstance(value, bool):
-        return V.BOOL, None
-    if isinstance(value, int):
-        return (V.UINT32 if 0 <= value < 2**32 else V.INT64), None
-    if isinstance(value, float):
-        return V.FLOAT32, None
-    if isinstance(value, str):
-        return V.STRING, None
-    if isinstance(value, np.ndarray):
-        return V.ARRAY, {np.dtype(np.int32): V.INT32, np.dtype(np.uint32): V.UINT32, np.dtype(np.float32): V.FLOAT32,
-                         np.dtype(np.int64): V.INT64, np.dtype(np.uint8): V.UINT8, np.dtype(np.bool_): V.BOOL,
-                         np.dtype(np.float64): V.FLOAT64}[value.dtype]
-    return V.ARRAY, V.STRING  # a list of strings
-
-
-def write_gguf(path: Path, arch: str, metadata: dict, tensors) -> None:
-    """A GGUF of `metadata` (key -> value as engine.gguf reads it) and `tensors` (name, stored
-    array as `quantize` gives it, type), in order."""
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, value in metadata.items():
-        if key in ("general.architecture", "GGUF.version"):
-            continue
-        vtype, sub = _kv_type(value)
-        w.add_key_value(key, value.tolist() if isinstance(value, np.ndarray) else value, vtype, sub_type=sub)
-    for name, data, qtype in tensors:  # block types as bytes [..., row bytes]: the writer derives the shape
-        w.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def requantize(src: str | Path, dst: str | Path, ftype: str) -> dict[str, str]:
     """Write `src` again with its matrices in `ftype`; returns tensor name -> type name."""
-    sys.path.insert(0, str(ROOT))
-    from pantheon_ocr.engine.gguf import open_gguf
-    from pantheon_ocr.engine.weights import dequantize
+    from pantheon_ocr.engine.format.gguf import open_gguf
+    from pantheon_ocr.engine.format.weights import dequantize
 
     if ftype not in FTYPES:
         raise ValueError(f"type must be one of {', '.join(FTYPES)}, not {ftype!r}")
     gf = open_gguf(src)
-    arch = gf.metadata["general.architecture"]
-    mmproj = arch == "clip"
+    arch = gf.metadata[N.ARCHITECTURE]
+    mmproj = arch == N.ARCH_CLIP
     if mmproj and ftype not in ("F32", "F16", "BF16", "Q8_0"):
         raise ValueError(f"{src}: an mmproj takes F32, F16, BF16 or Q8_0, not {ftype}")
-    n_layer = int(gf.metadata.get(f"{arch}.block_count", 0))
-    tied = "output.weight" not in gf.tensors
-    meta = dict(gf.metadata)
-    meta["general.file_type"] = FTYPES[ftype]
-    meta.setdefault("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    n_layer = int(gf.metadata.get(N.arch_key(arch, N.BLOCK_COUNT), 0))
+    tied = N.OUTPUT not in gf.tensors
+    meta = dict(gf.metadata)  # general.architecture is written from `arch`
+    meta[N.FILE_TYPE] = FTYPES[ftype]
+    meta.setdefault(N.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
     tensors, types = [], {}
     for name, info in gf.tensors.items():
         values = dequantize(gf.raw(name), info.qtype).reshape(info.shape)

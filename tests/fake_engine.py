@@ -22,6 +22,8 @@ from typing import Callable
 
 from PIL import Image
 
+from pantheon_ocr.engine.models.reader import page_hints
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 
@@ -66,7 +68,25 @@ class FakeFeatures:
     key: str  # digest of the image
 
 
+class WholePrompt:
+    """The prefill half of the PageEngine protocol for test engines that make a finished prompt
+    at once with `prefill(features, sampling)`: start_prefill is prefill, and nothing is left to
+    prefill in steps."""
+
+    def start_prefill(self, features, sampling):
+        return self.prefill(features, sampling)
+
+    def prefill_steps(self, seqs) -> None:
+        assert not any(s.prefilling for s in seqs)
+
+
 class FakeSeq:
+    prefilling = False
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
     def __init__(self, features: FakeFeatures, n_target: int, max_tokens: int, loops: bool, loop_limit: int | None):
         self.features = features
         self.n_target = n_target
@@ -101,7 +121,7 @@ def _never(f: FakeFeatures) -> bool:
     return False
 
 
-class FakeEngine:
+class FakeEngine(WholePrompt):
     """Deterministic PageEngine. Predicates on FakeFeatures select failing or looping pages;
     `loop_limit` plays the engine's repetition guard (None: loop until max_tokens).
     It records what happened for the tests: batch sizes, per-page threads, time spans."""
@@ -119,6 +139,7 @@ class FakeEngine:
         on_step: Callable[[int], None] | None = None,
     ):
         self.longest_edge = longest_edge
+        self.hints = page_hints(longest_edge, 14)
         self.n_tokens = n_tokens
         self.fail_vision, self.fail_prefill, self.loops = fail_vision, fail_prefill, loops
         self.loop_limit = loop_limit

@@ -169,8 +169,8 @@ def test_image_page_printed_to_stdout(tmp_path):
 
 def test_no_model_means_the_bundled_reader_and_without_it_one_clear_error(monkeypatch, tmp_path):
     """No --model: the reader inside the package; an install without it says what to do."""
-    from pantheon_ocr.engine import loader
     from pantheon_ocr.errors import UsageError
+    from pantheon_ocr.modelfiles import resolve as loader
 
     (tmp_path / "pantheon-reader.gguf").write_bytes(b"")
     (tmp_path / "mmproj-pantheon-reader.gguf").write_bytes(b"")

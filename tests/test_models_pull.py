@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from hub_server import HubServer, sha256
-from pantheon_ocr.engine.loader import resolve_model
+from pantheon_ocr.modelfiles.resolve import resolve_model
 from pantheon_ocr.errors import ModelError
-from pantheon_ocr.hub import local_models, pull
+from pantheon_ocr.modelfiles.hub import local_models, pull
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "lightonocr-tiny"
@@ -107,7 +107,7 @@ def test_the_loader_resolves_a_pulled_name(hub, tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ModelError, match="not pulled .* run `pantheon-ocr models pull acme/tiny-GGUF` \\(--model\\)"):
+    with pytest.raises(ModelError, match="not pulled .* run `pantheon-ocr models pull acme/tiny-GGUF`"):
         resolve_model("acme/tiny-GGUF", None)
     got = pull("acme/tiny-GGUF", endpoint=hub.endpoint, cache_dir=tmp_path, progress=False)
     assert resolve_model("acme/tiny-GGUF", None) == (got.text, got.mmproj)

@@ -1,7 +1,10 @@
-"""The characters the reader is trained on: the printable part of Windows-1252 (WinAnsiEncoding).
+"""The characters the reader is trained on: the printable part of Windows-1252 (WinAnsiEncoding),
+then the rest of Latin-1 and Latin Extended-A (U+0100-U+017F).
 
-That is the set a PDF's standard-14 fonts can show, and it covers English and the Western European
-languages. The CTC head (training only) has one class per character plus the blank.
+Windows-1252 is what a PDF's standard-14 fonts can show and covers English and the Western European
+languages; Latin Extended-A adds the Central European letters (Polish, Czech, Hungarian, Turkish...).
+The CTC head (training only) has one class per character plus the blank; the newer characters come
+after the first 216 so a checkpoint made with the smaller set keeps its class numbers.
 """
 
 from __future__ import annotations
@@ -9,10 +12,14 @@ from __future__ import annotations
 import re
 import unicodedata
 
-CHARS: tuple[str, ...] = tuple(
+CP1252: tuple[str, ...] = tuple(
     sorted({bytes([b]).decode("cp1252") for b in range(0x20, 0x100)
             if b not in (0x7F, 0x81, 0x8D, 0x8F, 0x90, 0x9D, 0xA0, 0xAD)})
 )
+EXTENDED: tuple[str, ...] = tuple(sorted(
+    {chr(c) for c in range(0x100, 0x180)} - set(CP1252)
+))
+CHARS: tuple[str, ...] = CP1252 + EXTENDED
 CHARSET = frozenset(CHARS)
 CTC_BLANK = 0  # class 0; character i is class i + 1
 CTC_INDEX = {c: i + 1 for i, c in enumerate(CHARS)}
@@ -22,7 +29,7 @@ _MAP = str.maketrans({
     "\t": " ", "\u00a0": " ", "\u2002": " ", "\u2003": " ", "\u2009": " ", "\u202f": " ",
     "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2212": "-", "\u00ad": "",
     "\u2032": "'", "\u2033": '"', "\u2192": "->", "\u2190": "<-", "\u2264": "<=", "\u2265": ">=",
-    "\u2260": "!=",
+    "\u2260": "!=", "\u2500": "-", "\u2502": "|", "\u2022": "\u2022",
 })
 
 

@@ -17,10 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
-from gguf import GGUFValueType as V
+from gguf import GGMLQuantizationType as Q
+
+from pantheon_ocr.engine.format import names as N
+from pantheon_ocr.engine.format import writer
+from pantheon_ocr.engine.format.writer import permute_qk
 
 from .model import Reader, ReaderConfig
 from .tokenizer import PRE, Vocab
@@ -31,79 +34,49 @@ CHAT_TEMPLATE = (
     "{% if part['type'] == 'image' %}<|image_pad|>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 PAGE_EDGE = 2200  # ~190 DPI for Letter: enough pixels to cut lines from, scaled down to 28 px
-
-
-def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: per head, split-half pairs (i, i+d/2) -> adjacent (2i, 2i+1)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+LICENSE = "apache-2.0"
+permute_rows = permute_qk  # llama.cpp's LlamaModel.permute (format/writer.py)
 
 
 def tensor_map(model: Reader) -> tuple[list, list]:
     """(text, mmproj) lists of (GGUF name, parameter, heads to permute by or 0), in file order.
     The one table both directions use: export writes it, gguf_import reads it back."""
     d, v, pr, c = model.decoder, model.vision, model.projector, model.c
-    text = [("token_embd.weight", d.embed_tokens.weight, 0)]
+    text = [(N.TOKEN_EMBD, d.embed_tokens.weight, 0)]
     for i, b in enumerate(d.layers):
-        p = f"blk.{i}."
-        text += [
-            (p + "attn_norm.weight", b.input_layernorm.weight, 0),
-            (p + "attn_q.weight", b.q_proj.weight, 0),  # qwen3: NeoX rotary, never permuted
-            (p + "attn_k.weight", b.k_proj.weight, 0),
-            (p + "attn_v.weight", b.v_proj.weight, 0),
-            (p + "attn_output.weight", b.o_proj.weight, 0),
-            (p + "attn_q_norm.weight", b.q_norm.weight, 0),
-            (p + "attn_k_norm.weight", b.k_norm.weight, 0),
-            (p + "ffn_norm.weight", b.post_attention_layernorm.weight, 0),
-            (p + "ffn_gate.weight", b.mlp.gate_proj.weight, 0),
-            (p + "ffn_up.weight", b.mlp.up_proj.weight, 0),
-            (p + "ffn_down.weight", b.mlp.down_proj.weight, 0),
-        ]
-    text.append(("output_norm.weight", d.norm.weight, 0))
-    vision = [("v.patch_embd.weight", v.patch_conv.weight, 0), ("v.pre_ln.weight", v.ln_pre.weight, 0)]
+        text += [(N.blk(i, name), p, 0) for name, p in (  # qwen3: NeoX rotary, Q/K never permuted
+            (N.ATTN_NORM, b.input_layernorm.weight), (N.ATTN_Q, b.q_proj.weight), (N.ATTN_K, b.k_proj.weight),
+            (N.ATTN_V, b.v_proj.weight), (N.ATTN_OUTPUT, b.o_proj.weight), (N.ATTN_Q_NORM, b.q_norm.weight),
+            (N.ATTN_K_NORM, b.k_norm.weight), (N.FFN_NORM, b.post_attention_layernorm.weight),
+            (N.FFN_GATE, b.mlp.gate_proj.weight), (N.FFN_UP, b.mlp.up_proj.weight),
+            (N.FFN_DOWN, b.mlp.down_proj.weight))]
+    text.append((N.OUTPUT_NORM, d.norm.weight, 0))
+    vision = [(N.V_PATCH_EMBD, v.patch_conv.weight, 0), (N.V_PRE_LN, v.ln_pre.weight, 0)]
     for i, b in enumerate(v.layers):
-        p = f"v.blk.{i}."
-        vision += [
-            (p + "attn_q.weight", b.q_proj.weight, c.v_heads),  # permuted like the converter does
-            (p + "attn_k.weight", b.k_proj.weight, c.v_heads),
-            (p + "attn_v.weight", b.v_proj.weight, 0),
-            (p + "attn_out.weight", b.o_proj.weight, 0),
-            (p + "ln1.weight", b.attention_norm.weight, 0),
-            (p + "ln2.weight", b.ffn_norm.weight, 0),
-            (p + "ffn_gate.weight", b.feed_forward.gate_proj.weight, 0),
-            (p + "ffn_up.weight", b.feed_forward.up_proj.weight, 0),
-            (p + "ffn_down.weight", b.feed_forward.down_proj.weight, 0),
-        ]
+        ffn = b.feed_forward
+        vision += [(N.v_blk(i, name), p, heads) for name, p, heads in (
+            (N.V_ATTN_Q, b.q_proj.weight, c.v_heads),  # permuted like the converter does
+            (N.V_ATTN_K, b.k_proj.weight, c.v_heads), (N.V_ATTN_V, b.v_proj.weight, 0),
+            (N.V_ATTN_OUT, b.o_proj.weight, 0), (N.V_LN1, b.attention_norm.weight, 0),
+            (N.V_LN2, b.ffn_norm.weight, 0), (N.V_FFN_GATE, ffn.gate_proj.weight, 0),
+            (N.V_FFN_UP, ffn.up_proj.weight, 0), (N.V_FFN_DOWN, ffn.down_proj.weight, 0))]
     vision += [
-        ("mm.input_norm.weight", pr.norm.weight, 0),
-        ("mm.patch_merger.weight", pr.merging_layer.weight, 0),
-        ("mm.1.weight", pr.linear_1.weight, 0),
-        ("mm.2.weight", pr.linear_2.weight, 0),
+        (N.MM_INPUT_NORM, pr.norm.weight, 0),
+        (N.MM_PATCH_MERGER, pr.merging_layer.weight, 0),
+        (N.MM_1, pr.linear_1.weight, 0),
+        (N.MM_2, pr.linear_2.weight, 0),
     ]
     return text, vision
 
 
-def _arrays(entries) -> list[tuple[str, np.ndarray]]:
+def _tensors(entries, f16: bool) -> list[tuple[str, np.ndarray, Q]]:
+    """(name, float32 values, type): matrices F16 (F32 with f16=False), 1-D tensors F32."""
     out = []
     for name, p, heads in entries:
         a = p.detach().float().cpu().numpy()
-        out.append((name, permute_rows(a, heads) if heads else a))
+        out.append((name, permute_qk(a, heads) if heads else a, Q.F16 if f16 and a.ndim >= 2 else Q.F32))
     return out
-
-
-def _write(path: Path, arch: str, kv: list, tensors: list[tuple[str, np.ndarray]], f16: bool) -> None:
-    w = gguf.GGUFWriter(path, arch)
-    for key, value, vtype, sub in kv:
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    for name, arr in tensors:
-        store = arr.astype(np.float16) if f16 and arr.ndim >= 2 else arr.astype(np.float32)
-        w.add_tensor(name, store)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def export(model: Reader, vocab: Vocab, out_dir: Path, name: str = "pantheon-reader", f16: bool = True,
@@ -111,65 +84,23 @@ def export(model: Reader, vocab: Vocab, out_dir: Path, name: str = "pantheon-rea
     c = model.c
     out_dir.mkdir(parents=True, exist_ok=True)
     text_path, mmproj_path = out_dir / f"{name}.gguf", out_dir / f"mmproj-{name}.gguf"
-    ft = 1 if f16 else 0  # LlamaFileType: ALL_F32 0, MOSTLY_F16 1
+    ft = writer.FILE_TYPES["F16" if f16 else "F32"]
     text_entries, vision_entries = tensor_map(model)
     n_text = sum(p.numel() for _, p, _ in text_entries)
-    text_kv = [
-        ("general.type", "model", V.STRING, None),
-        ("general.name", name, V.STRING, None),
-        ("general.size_label", f"{n_text / 1e6:.0f}M", V.STRING, None),
-        ("general.license", "apache-2.0", V.STRING, None),
-        ("qwen3.block_count", c.layers, V.UINT32, None),
-        ("qwen3.context_length", c.n_ctx, V.UINT32, None),
-        ("qwen3.embedding_length", c.dim, V.UINT32, None),
-        ("qwen3.feed_forward_length", c.ff, V.UINT32, None),
-        ("qwen3.attention.head_count", c.heads, V.UINT32, None),
-        ("qwen3.attention.head_count_kv", c.kv_heads, V.UINT32, None),
-        ("qwen3.rope.freq_base", c.rope_theta, V.FLOAT32, None),
-        ("qwen3.attention.layer_norm_rms_epsilon", c.eps, V.FLOAT32, None),
-        ("qwen3.attention.key_length", c.head_dim, V.UINT32, None),
-        ("qwen3.attention.value_length", c.head_dim, V.UINT32, None),
-        ("general.file_type", ft, V.UINT32, None),
-        ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32, None),
-        ("tokenizer.ggml.model", "gpt2", V.STRING, None),
-        ("tokenizer.ggml.pre", PRE, V.STRING, None),
-        ("tokenizer.ggml.tokens", vocab.tokens, V.ARRAY, V.STRING),
-        ("tokenizer.ggml.token_type", vocab.token_types(), V.ARRAY, V.INT32),
-        ("tokenizer.ggml.merges", vocab.merges, V.ARRAY, V.STRING),
-        ("tokenizer.ggml.eos_token_id", vocab.id("<|im_end|>"), V.UINT32, None),
-        ("tokenizer.ggml.padding_token_id", vocab.id("<|endoftext|>"), V.UINT32, None),
-        ("tokenizer.ggml.add_bos_token", False, V.BOOL, None),
-        ("tokenizer.ggml.add_eos_token", False, V.BOOL, None),
-        ("tokenizer.chat_template", CHAT_TEMPLATE, V.STRING, None),
-    ]
+    tokenizer = writer.tokenizer_metadata(vocab.tokens, vocab.token_types(), vocab.merges, eos=vocab.id("<|im_end|>"),
+                                          pad=vocab.id("<|endoftext|>"), chat_template=CHAT_TEMPLATE, pre=PRE)
+    text_meta = writer.text_metadata(
+        writer.general_metadata(N.TYPE_MODEL, name, writer.size_label(n_text), LICENSE), ft, tokenizer,
+        n_layer=c.layers, n_ctx=c.n_ctx, n_embd=c.dim, n_ff=c.ff, n_head=c.heads, n_head_kv=c.kv_heads,
+        head_dim=c.head_dim, rope_base=c.rope_theta, eps=c.eps)
     n_vis = sum(p.numel() for _, p, _ in vision_entries)
-    mmproj_kv = [
-        ("general.type", "mmproj", V.STRING, None),
-        ("general.name", name, V.STRING, None),
-        ("general.size_label", f"{n_vis / 1e6:.0f}M", V.STRING, None),
-        ("general.license", "apache-2.0", V.STRING, None),
-        ("general.file_type", ft, V.UINT32, None),
-        ("clip.has_vision_encoder", True, V.BOOL, None),
-        ("clip.vision.projection_dim", c.dim, V.UINT32, None),
-        ("clip.vision.image_size", c.max_width, V.UINT32, None),
-        ("clip.vision.patch_size", c.patch, V.UINT32, None),
-        ("clip.vision.embedding_length", c.v_dim, V.UINT32, None),
-        ("clip.vision.feed_forward_length", c.v_ff, V.UINT32, None),
-        ("clip.vision.block_count", c.v_layers, V.UINT32, None),
-        ("clip.vision.attention.head_count", c.v_heads, V.UINT32, None),
-        ("clip.vision.image_mean", list(CLIP_MEAN), V.ARRAY, V.FLOAT32),
-        ("clip.vision.image_std", list(CLIP_STD), V.ARRAY, V.FLOAT32),
-        ("clip.projector_type", "lightonocr", V.STRING, None),
-        ("clip.vision.attention.layer_norm_epsilon", c.v_eps, V.FLOAT32, None),
-        ("clip.use_silu", True, V.BOOL, None),
-        ("clip.vision.spatial_merge_size", c.merge, V.UINT32, None),
-        ("general.quantization_version", gguf.GGML_QUANT_VERSION, V.UINT32, None),
-        ("pantheon.reader.segment", "lines", V.STRING, None),
-        ("pantheon.reader.line_height", c.line_height, V.UINT32, None),
-        ("pantheon.reader.page_edge", page_edge, V.UINT32, None),
-    ] + ([("pantheon.reader.line_width", line_width, V.UINT32, None)] if line_width else [])
-    _write(text_path, "qwen3", text_kv, _arrays(text_entries), f16)
-    _write(mmproj_path, "clip", mmproj_kv, _arrays(vision_entries), f16)
+    mmproj_meta = writer.mmproj_metadata(
+        writer.general_metadata(N.TYPE_MMPROJ, name, writer.size_label(n_vis), LICENSE), ft,
+        projection_dim=c.dim, image_size=c.max_width, patch_size=c.patch, n_embd=c.v_dim, n_ff=c.v_ff,
+        n_layer=c.v_layers, n_head=c.v_heads, eps=c.v_eps, merge=c.merge,
+        reader=writer.reader_metadata("lines", c.line_height, page_edge, line_width))
+    writer.write_gguf(text_path, N.ARCH_QWEN3, text_meta, _tensors(text_entries, f16))
+    writer.write_gguf(mmproj_path, N.ARCH_CLIP, mmproj_meta, _tensors(vision_entries, f16))
     return text_path, mmproj_path
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fonts import faces
+from .fonts import families
 from .render import line_sample
 from .texts import sample_text
 
@@ -22,9 +22,10 @@ def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width:
               shuffle: float = 0.0, max_chars: int = 100) -> Line:
     """A line of `split` text (at most max_chars) in a face of `face_split` (default: the same
     split); with probability `shuffle` its words in random order, which no language model can guess."""
-    fs = faces(face_split or split)
+    fams = families(face_split or split)
     while True:
-        face = fs[rng.integers(len(fs))]
+        fam = fams[rng.integers(len(fams))]
+        face = fam[rng.integers(len(fam))]
         text = sample_text(rng, split, max_chars)
         if shuffle and rng.random() < shuffle:
             words = text.split(" ")

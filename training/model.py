@@ -1,6 +1,8 @@
 """The reader in torch: LightOnOCR's architecture at a small size, written to match what the engine
 runs from the exported GGUF pair (Hugging Face semantics: Pixtral vision, Mistral3-style projector,
-Qwen3 decoder), plus a CTC head on the projector output that exists only in training.
+Qwen3 decoder), plus a CTC head on the projector output that exists only in training. The vision
+tower and the projector are the engine's own torch modules (pantheon_ocr/engine/backends/
+torch_pixtral.py, which the torch vision backend runs too); the decoder is written here.
 
 Batches hold lines of one height and different widths: images are right-padded, padded patches
 are masked out of vision attention and their merged tokens never reach the decoder, so a line's
@@ -14,6 +16,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pantheon_ocr.engine.backends.torch_pixtral import PixtralVision, Projector, RMSNorm, SwiGLU, rope
 
 
 @dataclass(frozen=True)
@@ -41,121 +45,30 @@ class ReaderConfig:
     # reader
     line_height: int = 28
     max_width: int = 1400
-    ctc_classes: int = 217  # charset + blank
+    ctc_classes: int = 338  # charset (training/charset.py) + blank
     ctc_frames: int = 4  # CTC frames per merged image token
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics whatever the autocast type (a bf16 variance loses the small values)
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, ff: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, ff, bias=False)
-        self.up_proj = nn.Linear(dim, ff, bias=False)
-        self.down_proj = nn.Linear(ff, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 # ------------------------------------------------------------------------------------- vision
-def pixtral_rope(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [N, head_dim] for patches at (rows, cols): HF Pixtral's 2-D rotary, even base
-    frequencies to rows, odd to columns, duplicated for rotate_half."""
-    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [d/2]
-    ang = torch.cat([rows[:, None].float() * freqs[None, ::2], cols[:, None].float() * freqs[None, 1::2]], dim=-1)
-    ang = torch.cat([ang, ang], dim=-1)  # [N, d]
-    return ang.cos(), ang.sin()
+class Vision(PixtralVision):
+    """The engine's torch Pixtral tower (pantheon_ocr/engine/backends/torch_pixtral.py) on batches of
+    right-padded lines: padded patches are masked out of attention and zeroed in the output."""
 
-
-class VisionBlock(nn.Module):
     def __init__(self, c: ReaderConfig):
-        super().__init__()
-        self.heads, self.hd = c.v_heads, c.v_dim // c.v_heads
-        self.attention_norm = RMSNorm(c.v_dim, c.v_eps)
-        self.q_proj = nn.Linear(c.v_dim, c.v_dim, bias=False)
-        self.k_proj = nn.Linear(c.v_dim, c.v_dim, bias=False)
-        self.v_proj = nn.Linear(c.v_dim, c.v_dim, bias=False)
-        self.o_proj = nn.Linear(c.v_dim, c.v_dim, bias=False)
-        self.ffn_norm = RMSNorm(c.v_dim, c.v_eps)
-        self.feed_forward = SwiGLU(c.v_dim, c.v_ff)
-
-    def forward(self, x, cos, sin, mask):
-        b, n, d = x.shape
-        h = self.attention_norm(x)
-        q = self.q_proj(h).view(b, n, self.heads, self.hd).transpose(1, 2)  # [B, H, N, hd]
-        k = self.k_proj(h).view(b, n, self.heads, self.hd).transpose(1, 2)  # [B, H, N, hd]
-        v = self.v_proj(h).view(b, n, self.heads, self.hd).transpose(1, 2)  # [B, H, N, hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, N, hd]
-        x = x + self.o_proj(a.transpose(1, 2).reshape(b, n, d))
-        return x + self.feed_forward(self.ffn_norm(x))
-
-
-class Vision(nn.Module):
-    def __init__(self, c: ReaderConfig):
-        super().__init__()
+        super().__init__(c.v_dim, c.v_layers, c.v_heads, c.v_ff, c.patch, c.v_eps, c.v_rope_theta)
         self.c = c
-        self.patch_conv = nn.Conv2d(3, c.v_dim, c.patch, stride=c.patch, bias=False)
-        self.ln_pre = RMSNorm(c.v_dim, c.v_eps)
-        self.layers = nn.ModuleList(VisionBlock(c) for _ in range(c.v_layers))
 
     def forward(self, pixels: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
-        """pixels [B, 3, H, Wmax], widths [B] in patches -> features [B, h, w, D] (padding zeroed)."""
-        c = self.c
-        x = self.patch_conv(pixels)  # [B, D, h, w]
-        b, d, h, w = x.shape
-        x = self.ln_pre(x.flatten(2).transpose(1, 2))  # [B, h*w, D]
-        rows, cols = torch.div(torch.arange(h * w), w, rounding_mode="floor"), torch.arange(h * w) % w
-        cos, sin = pixtral_rope(rows, cols, c.v_dim // c.v_heads, c.v_rope_theta)
-        cos, sin = cos.to(x.device), sin.to(x.device)
-        valid = (cols.to(x.device)[None, :] < widths[:, None])  # [B, N] real patches
+        """pixels [B, 3, H, Wmax], widths [B] in patches -> features [B, h*w, D] (padding zeroed)."""
+        h, w = self.grid(pixels)
+        x = self.embed(pixels)  # [B, h*w, D]
+        cos, sin = self.rope(h, w, x.device)
+        valid = (torch.arange(h * w) % w).to(x.device)[None, :] < widths[:, None]  # [B, N] real patches
         mask = torch.where(valid[:, None, None, :], 0.0, float("-inf")).to(x.dtype)  # [B, 1, 1, N]
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        x = x * valid[..., None]
-        return x.view(b, h, w, d)
-
-
-class Projector(nn.Module):
-    """RMSNorm (text eps) -> 2x2 merge (torch unfold order) -> merging_layer -> linear_1 -> GELU -> linear_2."""
-
-    def __init__(self, c: ReaderConfig):
-        super().__init__()
-        self.merge = c.merge
-        self.norm = RMSNorm(c.v_dim, c.eps)
-        self.merging_layer = nn.Linear(c.v_dim * c.merge ** 2, c.v_dim, bias=False)
-        self.linear_1 = nn.Linear(c.v_dim, c.dim, bias=False)
-        self.linear_2 = nn.Linear(c.dim, c.dim, bias=False)
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        """[B, h, w, D] -> [B, h//2, w//2, dim]."""
-        b, h, w, d = feats.shape
-        s = self.merge
-        x = self.norm(feats).permute(0, 3, 1, 2)  # [B, D, h, w]
-        x = F.unfold(x, kernel_size=s, stride=s)  # [B, D*s*s, L], index c*s*s + dy*s + dx
-        x = x.transpose(1, 2)  # [B, L, D*s*s]
-        x = self.linear_2(F.gelu(self.linear_1(self.merging_layer(x))))
-        return x.view(b, h // s, w // s, -1)
+        return self.encode(x, cos, sin, mask) * valid[..., None]
 
 
 # --------------------------------------------------------------------------------------- text
@@ -180,8 +93,7 @@ class DecoderBlock(nn.Module):
         q = self.q_norm(self.q_proj(h).view(b, t, c.heads, c.head_dim)).transpose(1, 2)  # [B, Hq, T, hd]
         k = self.k_norm(self.k_proj(h).view(b, t, c.kv_heads, c.head_dim)).transpose(1, 2)  # [B, Hkv, T, hd]
         v = self.v_proj(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)  # [B, Hkv, T, hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         rep = c.heads // c.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, Hq, T, hd]
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, Hq, T, hd]
@@ -220,7 +132,7 @@ class Reader(nn.Module):
         super().__init__()
         self.c = c
         self.vision = Vision(c)
-        self.projector = Projector(c)
+        self.projector = Projector(c.v_dim, c.dim, c.merge, c.eps)  # RMSNorm with the text eps
         self.decoder = Decoder(c)
         self.ctc_head = nn.Linear(c.dim, c.ctc_frames * c.ctc_classes)  # training only
         self.apply(self._init)
@@ -236,7 +148,7 @@ class Reader(nn.Module):
 
     def image_tokens(self, pixels: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, H, W], widths [B] (patches) -> merged tokens [B, h//2, w//2, dim]."""
-        return self.projector(self.vision(pixels, widths))
+        return self.projector(self.vision(pixels, widths), *self.vision.grid(pixels))
 
     def ctc_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Merged tokens [B, hm, wm, dim] -> CTC log-probs [B, wm * frames, classes]: rows pooled."""

@@ -38,7 +38,7 @@ def _draw_pil(text: str, face: Face, size: int, gaps: list[float]) -> np.ndarray
 
 
 def _pdf_string(text: str) -> bytes:
-    raw = text.encode("cp1252")
+    raw = text.encode("cp1252", errors="ignore")  # a neighbour line may hold what WinAnsi lacks
     return b"(" + raw.replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)") + b")"
 
 
@@ -144,8 +144,12 @@ def line_sample(text: str, face: Face, rng: np.random.Generator, line_height: in
 
 def _paper(ink: np.ndarray, rng: np.random.Generator) -> Image.Image:
     """Ink coverage -> a grey image: paper and ink tones, uneven paper."""
-    bg = rng.uniform(175, 255)
-    fg = rng.uniform(0, min(100, bg - 70))
+    if rng.random() < 0.1:  # grey or coloured paper, as a slide's block comes out once made grey
+        bg = rng.uniform(110, 210)
+        fg = rng.uniform(0, bg - 50)
+    else:
+        bg = rng.uniform(175, 255)
+        fg = rng.uniform(0, min(100, bg - 70))
     grey = bg - (bg - fg) * ink
     if rng.random() < 0.3:  # uneven lighting
         grey += np.linspace(0, rng.normal(0, 20), grey.shape[1])[None, :]

@@ -38,9 +38,43 @@ HEAD_WORDS = ("Summary", "Introduction", "Results", "Outlook", "Notes", "Methods
               "Figure", "Chapter", "Section", "Invoice", "Contract", "Terms", "Payment", "Delivery")
 
 
+# Prose languages and their shares of the prose lines: English (training/build_corpus.py) and the
+# translated manual pages (training/build_manpages.py).
+LANGS = {"en": 0.30, "de": 0.13, "fr": 0.13, "es": 0.11, "it": 0.11, "nl": 0.05, "pt": 0.07, "pl": 0.06, "cs": 0.04}
+MONTHS_BY_LANG = {
+    "de": "Januar Februar März April Mai Juni Juli August September Oktober November Dezember",
+    "fr": "janvier février mars avril mai juin juillet août septembre octobre novembre décembre",
+    "es": "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
+    "it": "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre",
+    "pt": "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro",
+    "nl": "januari februari maart april mei juni juli augustus september oktober november december",
+    "pl": "stycznia lutego marca kwietnia maja czerwca lipca sierpnia września października listopada grudnia",
+    "cs": "ledna února března dubna května června července srpna září října listopadu prosince",
+}
+
+
 @lru_cache(maxsize=None)
 def corpus(name: str) -> tuple[str, ...]:
     return tuple(lzma.decompress((CORPUS / f"{name}.txt.xz").read_bytes()).decode("utf-8").splitlines())
+
+
+def prose(lang: str, split: str) -> tuple[str, ...]:
+    return corpus(f"prose-{split}") if lang == "en" else corpus(f"lang-{lang}-{split}")
+
+
+def _lang(rng: np.random.Generator) -> str:
+    names = list(LANGS)
+    return names[int(rng.choice(len(names), p=np.array(list(LANGS.values())) / sum(LANGS.values())))]
+
+
+@lru_cache(maxsize=None)
+def vocabulary(split: str) -> tuple[str, ...]:
+    """Every distinct word of the prose of all languages: random words are drawn from it."""
+    words = set()
+    for lang in LANGS:
+        for item in prose(lang, split):
+            words.update(w.strip(".,;:()[]«»\"'!?") for w in item.split(" "))
+    return tuple(sorted(w for w in words if w))
 
 
 def _span(rng: np.random.Generator, items: tuple[str, ...], length: int) -> str:
@@ -67,72 +101,151 @@ def _number(rng: np.random.Generator) -> str:
     if kind == 3:
         return f"{rng.choice(['+', '-', ''])}{int(rng.integers(0, 100))}%"
     if kind == 4:
-        return f"{rng.choice(CURRENCY)}{rng.uniform(0, 10**rng.integers(1, 5)):,.2f}"
+        amount = f"{rng.uniform(0, 10**rng.integers(1, 5)):,.2f}"
+        if rng.random() < 0.5:  # the continental way: 1.234,56 or 1 234,56, the currency after
+            amount = amount.replace(",", "_").replace(".", ",").replace("_", rng.choice([".", " ", ""]))
+            return f"{amount} {rng.choice(['€', 'EUR', 'CHF', 'zł', 'Kč'])}"
+        return f"{rng.choice(CURRENCY)}{amount}"
     if kind == 5:
-        return f"{int(rng.integers(1, 29))} {rng.choice(MONTHS)} {int(rng.integers(1950, 2031))}"
+        months = MONTHS if rng.random() < 0.4 else MONTHS_BY_LANG[str(rng.choice(list(MONTHS_BY_LANG)))].split()
+        return f"{int(rng.integers(1, 29))}{rng.choice(['', '.'])} {rng.choice(months)} {int(rng.integers(1950, 2031))}"
     if kind == 6:
-        return f"{int(rng.integers(1990, 2031))}-{int(rng.integers(1, 13)):02d}-{int(rng.integers(1, 29)):02d}"
+        d, m, y = int(rng.integers(1, 29)), int(rng.integers(1, 13)), int(rng.integers(1990, 2031))
+        return f"{y}-{m:02d}-{d:02d}" if rng.random() < 0.5 else f"{d:02d}{rng.choice(['.', '/', '-'])}{m:02d}{rng.choice(['.', '/', '-'])}{y}"
     return f"{rng.uniform(0, 1000):.{rng.integers(1, 4)}f} {rng.choice(UNITS)}"
 
 
-def _word(rng: np.random.Generator) -> str:
-    items = corpus("prose-train")
-    words = [w for w in items[rng.integers(len(items))].split(" ") if w.isalpha()]
-    return words[rng.integers(len(words))] if words else "text"
+def _word(rng: np.random.Generator, split: str = "train") -> str:
+    words = vocabulary(split)
+    return words[int(rng.integers(len(words)))]
+
+
+def _identifier(rng: np.random.Generator, split: str) -> str:
+    """Code and system names: identifiers, options, paths, URLs, versions, e-mail addresses."""
+    w = [_word(rng, split).lower() for _ in range(4)]
+    a = ["".join(c for c in x if c.isascii() and c.isalnum()) or "x" for x in w]  # ASCII spellings
+    pick = rng.choice
+    forms = (
+        lambda: "_".join(a[: rng.integers(1, 4)]) + pick(["", "()", f"({a[3]})", "_t", str(int(rng.integers(10)))]),
+        lambda: "".join(x.title() for x in a[: rng.integers(2, 4)]),
+        lambda: pick(["--", "-"]) + "-".join(a[: rng.integers(1, 3)]) + pick(["", "=" + a[3].upper(), f"={int(rng.integers(100))}"]),
+        lambda: pick(["/usr/share/", "/etc/", "~/", "./", "C:\\", "/var/lib/"]) + "/".join(a[: rng.integers(1, 4)])
+        + pick(["", ".txt", ".conf", ".tex", ".pdf", ".py", ".h"]),
+        lambda: f"{pick(['https', 'http', 'ftp'])}://{pick(['www.', ''])}{a[0]}.{pick(['org', 'com', 'de', 'fr', 'it', 'es', 'net'])}"
+                f"/{a[1]}{pick(['', '/', '.html', '#' + a[2]])}",
+        lambda: f"{int(rng.integers(0, 10))}.{int(rng.integers(0, 30))}"
+                f"{pick(['', f'.{int(rng.integers(0, 99))}', f'-{int(rng.integers(1, 9))}', 'rc1', '~beta'])}",
+        lambda: f"{a[0]}{pick(['.', '_', ''])}{a[1]}@{a[2]}.{pick(['org', 'com', 'de', 'fr', 'net'])}",
+        lambda: f"{a[0].upper()}_{a[1].upper()}",
+        lambda: "\\" + a[0] + pick(["", "{" + w[1] + "}", "[" + a[2] + "]{" + w[3] + "}"]),
+    )
+    return forms[int(rng.integers(len(forms)))]()
+
+
+# Letters weighted like running text, then the rest of the charset: random strings read only if
+# the reader looks at every character.
+_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
+
+
+def _random_string(rng: np.random.Generator) -> str:
+    from .charset import CHARS
+
+    kind = rng.integers(4)
+    n = int(rng.integers(2, 18))
+    if kind == 0:  # any character of the charset
+        pool = [c for c in CHARS if c != " "]
+        return "".join(pool[int(i)] for i in rng.integers(len(pool), size=n))
+    if kind == 1:  # letter soup with accents, mixed case
+        pool = [c for c in CHARS if c.isalpha()]
+        return "".join(pool[int(i)] for i in rng.integers(len(pool), size=n))
+    if kind == 2:  # pronounceable nonsense words
+        p = np.array([1 / (i + 3) for i in range(len(_LETTERS))])
+        words = ["".join(_LETTERS[int(i)] for i in rng.choice(len(_LETTERS), size=int(rng.integers(2, 9)), p=p / p.sum()))
+                 for _ in range(int(rng.integers(1, 5)))]
+        return " ".join(w.title() if rng.random() < 0.2 else w for w in words)
+    return "".join(chr(int(c)) for c in rng.integers(33, 127, n))  # random ASCII
+
+
+def _shuffled_words(rng: np.random.Generator, split: str, length: int) -> str:
+    """Words of all languages in random order: no language model can guess the next one."""
+    out, n = [], 0
+    while n < length:
+        w = _word(rng, split)
+        w = w.upper() if rng.random() < 0.05 else w.title() if rng.random() < 0.1 else w
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
 
 
 def _synthetic(rng: np.random.Generator, split: str) -> str:
-    prose = corpus(f"prose-{split}")
+    prose_items = prose(_lang(rng), split)
     kind = rng.integers(10)
     if kind == 0:  # a table row: a label and numbers (rendered with wide gaps)
-        return " ".join([_span(rng, prose, int(rng.integers(4, 20)))] + [_number(rng) for _ in range(rng.integers(1, 5))])
+        return " ".join([_span(rng, prose_items, int(rng.integers(4, 20)))] + [_number(rng) for _ in range(rng.integers(1, 5))])
     if kind == 1:  # a numbered or plain heading
-        head = f"{rng.choice(HEAD_WORDS)} {int(rng.integers(1, 20))}" if rng.random() < 0.5 else _span(rng, prose, int(rng.integers(8, 40))).title()
-        prefix = rng.choice(["", f"{int(rng.integers(1, 12))}. ", f"{int(rng.integers(1, 9))}.{int(rng.integers(1, 9))} "])
-        return prefix + head + (f": {_span(rng, prose, int(rng.integers(8, 40)))}" if rng.random() < 0.3 else "")
+        head = f"{rng.choice(HEAD_WORDS)} {int(rng.integers(1, 20))}" if rng.random() < 0.3 else _span(rng, prose_items, int(rng.integers(8, 40)))
+        head = head.title() if rng.random() < 0.3 else head
+        prefix = rng.choice(["", f"{int(rng.integers(1, 12))}. ", f"{int(rng.integers(1, 9))}.{int(rng.integers(1, 9))} ",
+                             f"{int(rng.integers(1, 9))}.{int(rng.integers(1, 9))}.{int(rng.integers(1, 9))} "])
+        return prefix + head + (f": {_span(rng, prose_items, int(rng.integers(8, 40)))}" if rng.random() < 0.3 else "")
     if kind == 2:  # a list item
-        mark = rng.choice(BULLETS + (f"{int(rng.integers(1, 20))}.", f"{int(rng.integers(1, 20))})", "a)", "(i)"))
-        return f"{mark} {_span(rng, prose, int(rng.integers(10, 80)))}"
+        mark = rng.choice(BULLETS + (f"{int(rng.integers(1, 20))}.", f"{int(rng.integers(1, 20))})", "a)", "(i)", "–"))
+        return f"{mark} {_span(rng, prose_items, int(rng.integers(10, 80)))}"
     if kind == 3:  # invoice / form line
-        item = _span(rng, prose, int(rng.integers(8, 35)))
+        item = _span(rng, prose_items, int(rng.integers(8, 35)))
         return rng.choice([f"{int(rng.integers(1, 20))} x {item} {_number(rng)}", f"{item.split(' ')[0].title()}: {_number(rng)}",
+                           f"{item.split(' ')[0].title()} : {_number(rng)}",
                            f"Total due: {_number(rng)}", f"Invoice No. {int(rng.integers(2000, 2031))}-{int(rng.integers(0, 10**4)):04d}",
-                           f"Date: {_number(rng)}", f"Page {int(rng.integers(1, 50))} of {int(rng.integers(50, 99))}"])
+                           f"Date: {_number(rng)}", f"Page {int(rng.integers(1, 50))} of {int(rng.integers(50, 99))}",
+                           f"N° {int(rng.integers(1, 10**5))}", f"{item} ........ {int(rng.integers(1, 400))}"])
     if kind == 4:  # people, places, contact details
         name = f"{rng.choice(FIRST)} {rng.choice(LAST + tuple(ACCENTED[-20:]))}"
         return rng.choice([name, f"{name}, {rng.choice(ACCENTED)} {int(rng.integers(1000, 99999))}",
-                           f"{name.lower().replace(' ', '.')}@example.{rng.choice(['com', 'org', 'de', 'fr'])}",
+                           f"{int(rng.integers(1, 200))} {rng.choice(['rue', 'Rue de la', 'Via', 'Calle', 'Straße', 'Avenida', 'ul.'])} {_word(rng, split).title()}",
                            f"Tel. +{int(rng.integers(1, 99))} {int(rng.integers(10, 999))} {int(rng.integers(1000, 99999))}",
-                           f"https://www.{_word(rng).lower()}.org/{_word(rng).lower()}/{int(rng.integers(1, 999))}"])
+                           _identifier(rng, split)])
     if kind == 5:  # accented words inside prose
-        words = _span(rng, prose, int(rng.integers(20, 80))).split(" ")
+        words = _span(rng, prose_items, int(rng.integers(20, 80))).split(" ")
         for _ in range(rng.integers(1, 4)):
             words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(ACCENTED)))
         return " ".join(words)
     if kind == 6:  # numbers and identifiers
-        return " ".join(_number(rng) for _ in range(rng.integers(1, 7)))
+        return " ".join(_number(rng) if rng.random() < 0.6 else _identifier(rng, split) for _ in range(rng.integers(1, 6)))
     if kind == 7:  # single words and short fragments (page numbers, labels)
-        return rng.choice([str(int(rng.integers(1, 400))), _word(rng), _word(rng).upper(), f"({_word(rng)})"])
+        return rng.choice([str(int(rng.integers(1, 400))), _word(rng, split), _word(rng, split).upper(), f"({_word(rng, split)})",
+                           _identifier(rng, split)])
     if kind == 8:  # capitals and punctuation-heavy text
-        return _span(rng, prose, int(rng.integers(10, 60))).upper()
-    return "".join(chr(int(c)) for c in rng.integers(33, 127, rng.integers(3, 16)))  # random ASCII
+        return _span(rng, prose_items, int(rng.integers(10, 60))).upper()
+    return " ".join(_identifier(rng, split) for _ in range(rng.integers(1, 4)))
 
 
-def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100) -> str:
-    """One line of text: 55% prose, 10% code, 35% synthetic; cleaned to the charset."""
-    r = rng.random()
-    if r < 0.55:
-        u = rng.random()
-        if max_chars >= 45:
-            length = int(rng.integers(1, 15) if u < 0.1 else rng.integers(15, 45) if u < 0.4 else rng.integers(45, max_chars))
-        else:  # short pieces, as a long line is read in (pantheon.reader.line_width)
-            length = int(rng.integers(1, max_chars + 1))
-        text = _span(rng, corpus(f"prose-{split}"), length)
-    elif r < 0.65:
+def _length(rng: np.random.Generator, max_chars: int) -> int:
+    u = rng.random()
+    if max_chars >= 45:
+        return int(rng.integers(1, 15) if u < 0.1 else rng.integers(15, 45) if u < 0.4 else rng.integers(45, max_chars))
+    return int(rng.integers(1, max_chars + 1))  # short pieces, as a long line is read in (pantheon.reader.line_width)
+
+
+def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100, kind: str | None = None) -> str:
+    """One line of text, cleaned to the charset: 58% prose in nine languages, 7% code, 20%
+    synthetic document text, 15% text no language model can predict (words of all languages in
+    random order, random strings). `kind` forces one: prose, code, synthetic, shuffled, random."""
+    if kind is None:
+        r = rng.random()
+        kind = "prose" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.85 else "shuffled" if r < 0.93 else "random"
+    if kind == "prose":
+        text = _span(rng, prose(_lang(rng), split), _length(rng, max_chars))
+    elif kind == "code":
         items = corpus(f"code-{split}")
         text = items[rng.integers(len(items))]
-    else:
+    elif kind == "synthetic":
         text = _synthetic(rng, split)
+    elif kind == "shuffled":
+        text = _shuffled_words(rng, split, _length(rng, max_chars))
+    elif kind == "random":
+        text = " ".join(_random_string(rng) for _ in range(int(rng.integers(1, 4))))
+    else:
+        raise ValueError(f"unknown kind of text {kind!r}")
     text = clean_text(text)
     if len(text) > max_chars:
         head = text[: max_chars + 1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pantheon_ocr.engine.vocab import PRE_TOKENIZERS
+from pantheon_ocr.engine.text.vocab import PRE_TOKENIZERS
 
 from .texts import corpus, sample_text
 

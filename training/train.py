@@ -46,6 +46,9 @@ def parse(argv):
     ap.add_argument("--freeze-vision", action="store_true",
                     help="joint: keep the vision tower frozen throughout (about twice as fast a step; the "
                          "projector and the decoder still learn)")
+    ap.add_argument("--vision-lr", type=float, default=1.0,
+                    help="joint: the vision tower's and projector's learning rate as a share of --lr (a low rate "
+                         "adapts them to new faces without undoing what stage 1 taught)")
     ap.add_argument("--ctc-weight", type=float, default=0.3, help="joint: weight of the auxiliary CTC loss")
     ap.add_argument("--corrupt", type=float, default=0.2,
                     help="joint: share of fed text tokens replaced by random ones (forces reading the image)")
@@ -160,12 +163,22 @@ class Trainer:
         m = self.model
         return list(m.vision.parameters()) + list(m.projector.parameters()) + list(m.ctc_head.parameters())
 
+    @property
+    def encoder(self):
+        """The vision tower and the projector (what --freeze and --vision-lr apply to)."""
+        return list(self.model.vision.parameters()) + list(self.model.projector.parameters())
+
     def _optimizer(self):
         self.params = self.vision_side if self.stage == "ctc" else list(self.model.parameters())
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                                 lr=self.a.lr, betas=(0.9, 0.98))
+        slow = {id(p) for p in self.encoder} if self.stage == "joint" else set()
+        groups = []
+        for scale, members in ((self.a.vision_lr, [p for p in self.params if id(p) in slow]),
+                               (1.0, [p for p in self.params if id(p) not in slow])):
+            for decay in (True, False):
+                ps = [p for p in members if (p.ndim >= 2) == decay]
+                if ps:
+                    groups.append({"params": ps, "weight_decay": 0.01 if decay else 0.0, "scale": scale})
+        return torch.optim.AdamW(groups, lr=self.a.lr, betas=(0.9, 0.98))
 
     def save(self) -> None:
         save(self.ckpt, model=self.model.state_dict(), opt=self.opt.state_dict(), step=self.step, stage=self.stage,
@@ -180,13 +193,13 @@ class Trainer:
         while self.step < total and not stop["now"]:
             batch = next(batches)
             frozen = stage == "joint" and self.step < a.freeze
-            for p in self.vision_side:
+            for p in self.encoder:  # the CTC head keeps learning while the encoder is frozen
                 p.requires_grad_(not frozen)
             if stage == "joint" and a.freeze_vision:
                 for p in model.vision.parameters():
                     p.requires_grad_(False)
             for g in self.opt.param_groups:
-                g["lr"] = lr_at(self.step, total, a.lr, a.warmup)
+                g["lr"] = lr_at(self.step, total, a.lr, a.warmup) * g.get("scale", 1.0)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
                 tokens = model.image_tokens(batch["pixels"], batch["widths"])
                 l_ctc = ctc_loss(model, tokens, batch["widths"], batch["ctc"])

@@ -34,7 +34,7 @@ class Planner:
                  log: RunLog):
         self.spec, self.state, self.run_id, self.options = spec, state, run_id, options
         self.retry_failed, self.log = retry_failed, log
-        self.pages_spec = spec.ocr["pages"] or "all"
+        self.pages_spec = spec.ocr.pages or "all"
         self.docs: dict[str, tuple[int, Document]] = {}
 
     def plan(self) -> dict[str, tuple[int, Document]]:
@@ -122,7 +122,7 @@ class Planner:
     def _set_pages(self, row_id: int, stamp: tuple, n_pages: int, keep_done: bool, bump: bool = False) -> None:
         """(Re)make the pages rows for the job's page selection; keep_done keeps the texts of
         pages still selected (the selection changed, the content did not)."""
-        selected = [i + 1 for i in parse_pages(self.spec.ocr["pages"], n_pages, clip=True)]
+        selected = [i + 1 for i in parse_pages(self.spec.ocr.pages, n_pages, clip=True)]
         self.state.set_pages(row_id, stamp, n_pages, self.pages_spec, selected, keep_done=keep_done, bump=bump)
 
     def _clean_temp_files(self) -> None:

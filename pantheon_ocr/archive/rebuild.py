@@ -43,7 +43,7 @@ def fresh_state(spec) -> tuple[JobState, str | None]:
             lock = old.read_lock()
         finally:
             old.close()
-        if lock is not None and not lock_is_stale(lock, spec.lock["stale_after"]):
+        if lock is not None and not lock_is_stale(lock, spec.lock.stale_after):
             raise JobLocked(f"job {spec.name!r} is running ({lock.describe()}): not rebuilding its state under it")
     note = None
     if os.path.lexists(path):

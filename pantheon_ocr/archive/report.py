@@ -128,7 +128,7 @@ def job_status(spec) -> dict:
             out["runs"].append(run)
         lock = state.read_lock()
         if lock is not None:
-            out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock["stale_after"])}
+            out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock.stale_after)}
         out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
     except sqlite3.Error as e:
         raise translate(spec.state, e, spec.path, "read") from None

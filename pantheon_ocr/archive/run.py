@@ -21,12 +21,13 @@ import dataclasses
 import re
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
-from ..engine.loader import EngineOptions, resolve_model
-from ..errors import ExitCode, JobError, ModelError, PantheonError, path_text, run_exit_code
+from ..errors import ExitCode, JobError, ModelError, OptionError, PantheonError, UsageError, path_text, run_exit_code
+from ..modelfiles.resolve import resolve_model
+from ..options import EngineOptions
 from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
@@ -61,14 +62,21 @@ def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
     """The engine factory for the model files a job names. They are checked now, so that a
     missing file fails the run before it takes the lock (exit 3)."""
     m = spec.model
-    names = ("model.name" if m.get("name") else "model.text", "model.mmproj")
-    text, mmproj = resolve_model(m.get("name") or m["text"], m["mmproj"], names=names, where=spec.path.name)
-    for name, path in zip(names, (text, mmproj)):
+    keys = {"model": "model.name" if m.name else "model.text", "mmproj": "model.mmproj"}
+    try:
+        text, mmproj = resolve_model(m.name or m.text, m.mmproj)
+    except OptionError as e:
+        raise JobError(f"{spec.path.name}: {e.named(keys.get(e.option, e.option))}") from None
+    except UsageError as e:
+        raise JobError(f"{spec.path.name}: {keys['model']}: {e}") from None
+    except ModelError as e:
+        raise ModelError(e.path, f"{e.problem} ({keys['model']} in {spec.path.name})") from None
+    for name, path in zip(keys.values(), (text, mmproj)):
         if not path.exists():
             raise ModelError(path, f"no such model file ({name} in {spec.path.name})")
         if not path.is_file():
             raise ModelError(path, f"not a regular file ({name} in {spec.path.name})")
-    return ModelEngineFactory(EngineOptions(text, mmproj, m["weights"], m["vision_backend"], m["device"]))
+    return ModelEngineFactory(replace(m.engine, model=text, mmproj=mmproj))
 
 
 class LocalExecutor:
@@ -123,8 +131,8 @@ class _JobRun:
         self.spec, self.executor, self.retry_failed, self.rebuild = spec, executor, retry_failed, rebuild
         self.on_progress, self.say = on_progress, say
         # the text-layer fallback of pages that failed every attempt (a worker started on first use)
-        self.fallback = TextLayerFallback(spec.ocr["password"], spec.ocr["render_timeout"])
-        self.figures = FigureCropper(spec.ocr["password"], spec.ocr["render_timeout"])  # bbox models' image regions
+        self.fallback = TextLayerFallback(spec.ocr.password, spec.ocr.render_timeout)
+        self.figures = FigureCropper(spec.ocr.password, spec.ocr.render_timeout)  # bbox models' image regions
         self.options = spec.pipeline_options()
         self.log = RunLog()  # what this run did, for its report
         self.docs: dict[str, tuple[int, Document]] = {}  # doc_id -> (row id, document) of this run
@@ -140,7 +148,7 @@ class _JobRun:
             else:
                 self.state = JobState.open(spec.state, spec.path)
             try:
-                self.run_id, stale = acquire(self.state, spec.lock["stale_after"], self.executor.name, spec.name)
+                self.run_id, stale = acquire(self.state, spec.lock.stale_after, self.executor.name, spec.name)
             except sqlite3.Error as e:
                 self.state.close()
                 raise translate(spec.state, e, spec.path) from None
@@ -149,7 +157,7 @@ class _JobRun:
                 raise
             if stale is not None:  # printed with the run's summary, and in the report
                 self.log.notes.append(f"took over a stale lock ({stale.describe()})")
-            interval = min(15.0, max(0.2, spec.lock["stale_after"] / 4))
+            interval = min(15.0, max(0.2, spec.lock.stale_after / 4))
             self.heartbeat = Heartbeat(spec.state, self.run_id, interval)
             self.heartbeat.start()
         status, code, interrupted, failure = "crashed", ExitCode.PAGES_FAILED, held.pending, None
@@ -250,7 +258,7 @@ class _JobRun:
         if key not in self.expect:
             return
         row_id, attempt, sampling = self.expect.pop(key)
-        retry_on = self.spec.retry["on"]
+        retry_on = self.spec.retry.on
         problem = "error" if result.error is not None else result.finish_reason if result.finish_reason in ("repetition", "max_tokens") else None
         error = None
         if problem is None or (problem != "error" and problem not in retry_on):
@@ -262,7 +270,7 @@ class _JobRun:
             error = result.error if problem == "error" else (
                 "the model kept repeating itself" if problem == "repetition" else f"no end of page within max_tokens ({sampling.max_tokens})"
             ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
-            if self.spec.ocr["text_fallback"]:  # every attempt failed: the PDF's own text, if it has some
+            if self.spec.ocr.text_fallback:  # every attempt failed: the PDF's own text, if it has some
                 result = self.fallback.apply([dataclasses.replace(result, error=error)])[0]
         now = time.time()
         secs = [result.seconds.get(s, 0.0) for s in STAGES]

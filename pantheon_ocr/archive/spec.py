@@ -11,15 +11,14 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import JobError, path_text
-from ..engine.catalog import parse_name
-from ..engine.sampling import SamplingOptions
+from ..errors import JobError, OptionError, UsageError, path_text
+from ..modelfiles.catalog import parse_name
+from ..options import EngineOptions, Option, PipelineOptions, SamplingOptions, specs
 from ..pipeline.files import open_regular
-from ..pipeline.types import FORMATS, MAX_LONGEST_EDGE, SEGMENT_MODES, PipelineOptions
 
 RETRYABLE = ("repetition", "max_tokens", "error")  # outcomes `retry.on` may name
 
@@ -67,15 +66,6 @@ def _str(v: Any) -> str:
     return v
 
 
-def _choice(*choices: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v not in choices:
-            raise _Bad("must be one of " + ", ".join(repr(c) for c in choices))
-        return v
-
-    return check
-
-
 def _str_list(allowed: tuple[str, ...] | None = None, empty_ok: bool = False) -> Callable[[Any], tuple[str, ...]]:
     def check(v: Any) -> tuple[str, ...]:
         if isinstance(v, str):
@@ -99,7 +89,6 @@ def _float_list(v: Any) -> tuple[float, ...]:
 
 
 def _pages(v: Any) -> str:
-    from ..errors import UsageError
     from ..pipeline.inputs import validate_page_spec
 
     v = _str(v)
@@ -110,7 +99,23 @@ def _pages(v: Any) -> str:
     return v
 
 
-# key -> (check, default). A missing default (`...`) means required.
+def _table(o: Option) -> tuple[Callable[[Any], Any], Any]:
+    """A job-file key declared in the options table: its check and its default."""
+    def check(v: Any) -> Any:
+        try:
+            return o.check(v)
+        except UsageError as e:
+            raise _Bad(str(e)) from None
+
+    return check, o.default
+
+
+def _section(*classes, skip: tuple[str, ...] = ()) -> dict[str, tuple[Callable[[Any], Any], Any]]:
+    return {o.name: _table(o) for cls in classes for o in specs(cls) if o.job and o.name not in skip}
+
+
+# key -> (check, default). A missing default (`...`) means required. The [model] and [ocr] keys
+# are the options table's (options.py): the same defaults and choices as the command line.
 SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
     "": {
         "name": (_str, None),
@@ -124,28 +129,12 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         "name": (_str, None),  # a pulled model (`pantheon-ocr models pull NAME`), instead of text/mmproj files
         "text": (_str, None),
         "mmproj": (_str, None),
-        "weights": (_choice("f32", "quantized", "bf16"), "f32"),
-        "vision_backend": (_choice("numpy", "torch", "coreml", "auto"), "numpy"),
-        "device": (_str, None),
-        "threads": (_int(1), None),
+        **_section(EngineOptions),
     },
     "ocr": {
-        "batch_size": (_int(1), 8),
-        "max_tokens": (_int(1), 4096),
-        "temperature": (_float(0), 0.0),
-        "top_p": (_float(0, 1, lo_open=True), 1.0),
-        "seed": (_int(), 0),
+        **_section(SamplingOptions),
+        **_section(PipelineOptions, skip=("pages",)),
         "pages": (_pages, None),
-        "formats": (_str_list(FORMATS), ("md",)),
-        "page_files": (_bool, False),
-        "password": (_str, None),
-        "render_workers": (_int(1), 2),
-        "render_timeout": (_float(0, lo_open=True), 120.0),
-        "overlap": (_bool, True),
-        "longest_edge": (_int(64, MAX_LONGEST_EDGE), None),
-        "page_timeout": (_float(0, lo_open=True), None),  # engine seconds per page, then it fails: "timeout"
-        "text_fallback": (_bool, True),  # a page that failed every attempt takes the PDF's text layer
-        "segment": (_choice(*SEGMENT_MODES), None),  # page, blocks or lines; default: what the model's GGUF names
     },
     "retry": {
         "attempts": (_int(1), 3),
@@ -165,6 +154,36 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
 
 
 @dataclass(frozen=True)
+class ModelSection:
+    """[model]: which model (a pulled name, or the text and mmproj files) and how to run it."""
+
+    name: str | None  # a pulled model (`pantheon-ocr models pull NAME`)
+    text: Path | None
+    mmproj: Path | None
+    engine: EngineOptions  # the table's engine settings; its model/mmproj are filled once resolved
+
+
+@dataclass(frozen=True)
+class RetrySection:
+    attempts: int  # tries per page, the first included
+    temperatures: tuple[float, ...]  # of the retries, the last one repeated
+    on: tuple[str, ...]  # outcomes that are retried (RETRYABLE)
+
+
+@dataclass(frozen=True)
+class LockSection:
+    stale_after: float  # seconds without a heartbeat before a lock is stale
+
+
+@dataclass(frozen=True)
+class RaySection:
+    address: str | None
+    workers: int | None
+    cpus_per_worker: float
+    chunk_pages: int
+
+
+@dataclass(frozen=True)
 class JobSpec:
     path: Path  # the job file
     name: str
@@ -172,37 +191,29 @@ class JobSpec:
     output: Path
     state: Path
     reports: Path
+    model: ModelSection
+    ocr: PipelineOptions  # [ocr], as the job file says (its sampling is the first attempt's)
+    retry: RetrySection
+    lock: LockSection
+    ray: RaySection
     rehash: bool = False
-    model: dict = field(default_factory=dict)  # text, mmproj (Paths or None), weights, ...
-    ocr: dict = field(default_factory=dict)
-    retry: dict = field(default_factory=dict)
-    lock: dict = field(default_factory=dict)
-    ray: dict = field(default_factory=dict)
 
     @property
     def attempts(self) -> int:
-        return self.retry["attempts"]
+        return self.retry.attempts
 
     def sampling(self, attempt: int) -> SamplingOptions:
         """Sampling for the 1-based `attempt` of a page: the [ocr] setting first, then each
         retry hotter (retry.temperatures, the last one repeated) with a new seed, so a page that
         looped under one setting gets a different continuation rather than the same loop."""
-        o = self.ocr
-        temperature = o["temperature"]
-        if attempt > 1:
-            temps = self.retry["temperatures"]
-            temperature = temps[min(attempt - 2, len(temps) - 1)]
-        return SamplingOptions(max_tokens=o["max_tokens"], temperature=temperature, top_p=o["top_p"], seed=o["seed"] + attempt - 1)
+        first = self.ocr.sampling
+        if attempt == 1:
+            return first
+        temps = self.retry.temperatures
+        return replace(first, temperature=temps[min(attempt - 2, len(temps) - 1)], seed=first.seed + attempt - 1)
 
     def pipeline_options(self) -> PipelineOptions:
-        o = self.ocr
-        return PipelineOptions(
-            out_dir=self.output, formats=o["formats"], page_files=o["page_files"], overwrite=True, pages=o["pages"],
-            password=o["password"], sampling=self.sampling(1), batch_size=o["batch_size"], overlap=o["overlap"],
-            render_workers=o["render_workers"], render_timeout=o["render_timeout"], longest_edge=o["longest_edge"],
-            page_timeout=o["page_timeout"], segment=o["segment"],
-            text_fallback=False,  # the job falls back itself, after the last attempt
-        )
+        return replace(self.ocr, text_fallback=False)  # the job falls back itself, after the last attempt
 
 
 def _toml_module():
@@ -276,25 +287,43 @@ def parse_job(data: dict, path: Path) -> JobSpec:
     for key in ("text", "mmproj"):
         model[key] = resolve(model[key]) if model[key] else None
     stem = path.stem
+    output = resolve(top["output"])
+    settings = {k: v for k, v in model.items() if k not in ("name", "text", "mmproj")}
+    ocr = values["ocr"]
+    sampling = {k: ocr.pop(k) for k in [o.name for o in specs(SamplingOptions)]}
+    try:
+        engine = EngineOptions(model["text"], model["mmproj"], **settings)
+        pipeline = PipelineOptions(out_dir=output, overwrite=True, sampling=SamplingOptions(**sampling), **ocr)
+    except OptionError as e:  # a combination the checks of single keys cannot see
+        raise JobError(f"{where}: {e.named(e.option and _key_of(e.option))}") from None
+    except UsageError as e:
+        raise JobError(f"{where}: {e}") from None
     return JobSpec(
         path=path,
         name=top["name"] or path_text(stem),
         inputs=tuple(str(resolve(i)) for i in top["inputs"]),
-        output=resolve(top["output"]),
+        output=output,
         state=resolve(top["state"]) if top["state"] else base / f"{stem}.sqlite",
         reports=resolve(top["reports"]) if top["reports"] else base / f"{stem}-reports",
         rehash=top["rehash"],
-        model=model,
-        ocr=values["ocr"],
-        retry=values["retry"],
-        lock=values["lock"],
-        ray=values["ray"],
+        model=ModelSection(model["name"], model["text"], model["mmproj"], engine),
+        ocr=pipeline,
+        retry=RetrySection(**values["retry"]),
+        lock=LockSection(**values["lock"]),
+        ray=RaySection(**values["ray"]),
     )
 
 
+def _key_of(option: str) -> str:
+    """The job-file key of a setting the library names (OptionError.option)."""
+    for section, keys in SCHEMA.items():
+        if option in keys:
+            return f"{section}.{option}" if section else option
+    return option
+
+
 def _model_name(value: str, where: str, required: bool = False) -> bool:
-    """Whether `value` is a model name (engine/catalog.py); JobError for a malformed one."""
-    from ..errors import UsageError
+    """Whether `value` is a model name (modelfiles/catalog.py); JobError for a malformed one."""
 
     try:
         ok = parse_name(value) is not None

@@ -37,26 +37,34 @@ from typing import Callable
 
 import numpy as np
 
-from ..pipeline.types import STAGES
+from ..options import EngineOptions, PipelineOptions, SamplingOptions, spec
+from ..pipeline.types import STAGES, PageEngine
+
+
+def _default(cls, name: str):
+    return spec(cls, name).default
 
 
 @dataclass(frozen=True)
 class PageConfig:
-    batch_size: int = 8
-    weights: str = "f32"
-    flash: bool = True
-    overlap: bool = True
-    threads: int | None = None  # threads per stage (None: engine.threads.stage_threads decides)
-    vision_backend: str = "numpy"  # numpy, torch or auto (auto: torch in bfloat16 on CPUs that have it)
-    kv_dtype: str = "float32"  # the KV pool's dtype (float16: half the memory)
-    prefill_chunk: int | None = None  # prompt tokens per prefill step (None: the engine's default)
+    """One configuration; every default is the options table's, so a bench run with no
+    configuration flags measures what `transcribe` runs."""
+
+    batch_size: int = _default(PipelineOptions, "batch_size")
+    weights: str = _default(EngineOptions, "weights")
+    flash: bool = _default(EngineOptions, "attention") == "flash"
+    overlap: bool = _default(PipelineOptions, "overlap")
+    threads: int | None = _default(EngineOptions, "threads")  # math threads in all (None: every core)
+    vision_backend: str = _default(EngineOptions, "vision_backend")
+    kv_dtype: str = _default(EngineOptions, "kv_dtype")  # the KV pool's dtype (float16: half the memory)
+    prefill_chunk: int = _default(EngineOptions, "prefill_chunk")  # prompt tokens per prefill step
 
     @property
     def name(self) -> str:
         th = "" if self.threads is None else f" t{self.threads}"
         extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != "numpy" else "",
                          " kv16" if self.kv_dtype == "float16" else "",
-                         f" chunk={self.prefill_chunk}" if self.prefill_chunk else ""])
+                         f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
                 f"overlap={'on' if self.overlap else 'off'}{th}{extra}")
 
@@ -66,7 +74,7 @@ class PageBenchOptions:
     model: str
     mmproj: str
     inputs: tuple[str, ...]
-    max_tokens: int = 64
+    max_tokens: int = _default(SamplingOptions, "max_tokens")
     ignore_eos: bool = False  # every page generates exactly max_tokens (random-weight models)
     longest_edge: int | None = None  # None: the model's (1540)
     vision_layers: int | None = None  # run only the first N layers (say so when quoting figures)
@@ -75,8 +83,9 @@ class PageBenchOptions:
     render_workers: int = 2
 
 
-def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(True,), threads=(None,),
-                   vision_backend="numpy", kv_dtype="float32", prefill_chunk=None) -> list[PageConfig]:
+def expand_configs(batch_sizes=(PageConfig.batch_size,), weights=(PageConfig.weights,), flash=(PageConfig.flash,),
+                   overlap=(PageConfig.overlap,), threads=(PageConfig.threads,), vision_backend=PageConfig.vision_backend,
+                   kv_dtype=PageConfig.kv_dtype, prefill_chunk=PageConfig.prefill_chunk) -> list[PageConfig]:
     """Every combination, in a stable order (batch size varies fastest)."""
     return [PageConfig(b, w, f, o, t, vision_backend, kv_dtype, prefill_chunk)
             for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
@@ -86,14 +95,13 @@ def expand_configs(batch_sizes=(8,), weights=("f32",), flash=(True,), overlap=(T
 
 
 class TimedEngine:
-    """A PageEngine proxy that records how long each stage keeps its thread busy."""
+    """A PageEngine around another that records how long each stage keeps its thread busy; it
+    implements the whole protocol, so the pipeline runs it as it runs any engine."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: PageEngine):
         self.inner = inner
         self.longest_edge = inner.longest_edge
-        for name in ("segment", "line_height", "line_width", "page_edge", "patch_size"):  # how the model cuts pages
-            if hasattr(inner, name):
-                setattr(self, name, getattr(inner, name))
+        self.hints = inner.hints  # how the model cuts pages
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
         self.decode_tokens = 0
         self.decode_steps = 0
@@ -115,14 +123,11 @@ class TimedEngine:
     def vision(self, image):
         return self._busy("vision", self.inner.vision, image)
 
-    def prefill(self, features, sampling):
-        return self._busy("prefill", self.inner.prefill, features, sampling)
-
     def start_prefill(self, features, sampling):
-        return self.inner.start_prefill(features, sampling)
+        return self._busy("prefill", self.inner.start_prefill, features, sampling)
 
-    def prefill_step(self, seq):
-        return self._busy("prefill", self.inner.prefill_step, seq)
+    def prefill_steps(self, seqs):
+        return self._busy("prefill", self.inner.prefill_steps, seqs)
 
     def decode_step(self, seqs):
         live = sum(not s.finished for s in seqs)
@@ -145,12 +150,12 @@ class TimedEngine:
 
 def build_engine(opts: PageBenchOptions, config: PageConfig):
     """The real OCREngine, set up as the configuration says; returns (engine, load seconds)."""
-    from ..engine.loader import EngineOptions, load_page_engine
+    from ..engine.loader import load_page_engine
 
     t0 = time.perf_counter()
     engine, _ = load_page_engine(EngineOptions(
         opts.model, opts.mmproj, weights=config.weights, vision_layers=opts.vision_layers,
-        text_layers=opts.text_layers, flash=config.flash, ignore_eos=opts.ignore_eos,
+        text_layers=opts.text_layers, attention="flash" if config.flash else "naive", ignore_eos=opts.ignore_eos,
         vision_backend=config.vision_backend, kv_dtype=config.kv_dtype, prefill_chunk=config.prefill_chunk))
     return engine, time.perf_counter() - t0
 
@@ -159,13 +164,13 @@ def _warm_up(engine) -> None:
     """One tiny page through every stage: BLAS threads started, tokenizer built, maps paged in."""
     from PIL import Image
 
-    from ..engine.sampling import SamplingOptions
-
-    feats = engine.vision(Image.new("RGB", (56, 56), "white"))
-    seq = engine.prefill(feats, SamplingOptions(max_tokens=2))
+    seq = engine.start_prefill(engine.vision(Image.new("RGB", (56, 56), "white")), SamplingOptions(max_tokens=2))
+    while seq.prefilling:
+        engine.prefill_steps([seq])
     if not seq.finished:
         engine.decode_step([seq])
     seq.text()
+    seq.close()
 
 
 def run_config(opts: dict, config: dict) -> dict:
@@ -173,8 +178,6 @@ def run_config(opts: dict, config: dict) -> dict:
     docstring for the result shape (peak_rss_mb is added by the caller)."""
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.run import run_pipeline
-    from ..engine.sampling import SamplingOptions
-    from ..pipeline.types import PipelineOptions
     from .isolation import peak_rss_mb
 
     from ..engine.threads import cpu_count, set_threads, stage_threads

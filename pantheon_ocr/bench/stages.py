@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from ..engine.format.weights import Weight
 from .isolation import rss_now_mb
 from .synthetic import page_pixels, synthetic_page
 
@@ -48,10 +49,10 @@ def matmul_shapes(decoder) -> Counter:
     shapes: Counter = Counter()
     for layer in decoder.layers:
         for f in fields(layer):
-            w = getattr(layer, f.name)
-            if hasattr(w, "matmul"):
+            w = getattr(layer, f.name)  # a layer's typed fields: the Weights are its projections
+            if isinstance(w, Weight):
                 shapes[w.shape] += 1
-        if getattr(layer, "ffn_experts", None):  # each token runs n_expert_used experts
+        if getattr(layer, "ffn_experts", ()):  # each token runs n_expert_used experts
             for w in layer.ffn_experts[0]:
                 shapes[w.shape] += decoder.cfg.n_expert_used
     shapes[decoder.output.shape] += 1
@@ -103,25 +104,14 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
 # ---------------------------------------------------------------------- stage benchmarks
 
 
-def _truncate(layers: list, n: int | None) -> tuple[list, bool]:
-    if n is None or n >= len(layers):
-        return layers, False
-    if n < 1:
-        raise ValueError(f"layers must be at least 1, got {n}")
-    return layers[:n], True
+def _tower(layers: int | None, times: list[float], **kw):
+    """Build options for a benchmarked tower: the first `layers` layers, each layer's seconds
+    appended to `times` by the tower's own hook (nothing is patched)."""
+    from ..engine.attention import TowerOptions
 
-
-def _time_layers(obj, times: list[float]) -> None:
-    """Record the duration of every `obj.block(...)` call into `times` (instance-level wrap)."""
-    inner = obj.block
-
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        out = inner(*args, **kwargs)
-        times.append(time.perf_counter() - t)
-        return out
-
-    obj.block = timed
+    if layers is not None and layers < 1:
+        raise ValueError(f"layers must be at least 1, got {layers}")
+    return TowerOptions(n_layers=layers, on_layer=lambda i, seconds: times.append(seconds), **kw)
 
 
 def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -> float:
@@ -134,29 +124,28 @@ def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -
 def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, repeats: int = 1,
                  page: str = "letter", longest_edge: int | None = None, seed: int = 0) -> dict:
     """Vision encoder + projector on one synthetic page: seconds per page (median of repeats)."""
-    from ..engine.gguf import open_gguf
+    from ..engine.format.gguf import open_gguf
     from ..engine.models.lightonocr import Projector
     from ..engine.models.pixtral import PixtralVision, vision_config
-    from ..engine.preprocess import preprocess
-    from ..engine.weights import WeightLoader
+    from ..engine.image.preprocess import preprocess
+    from ..engine.format.weights import WeightLoader
 
     t0 = time.perf_counter()
     gf = open_gguf(mmproj)
     vc = vision_config(gf)
-    vision = PixtralVision(gf, vc, storage)
+    layer_times: list[float] = []
+    vision = PixtralVision(gf, vc, storage, _tower(layers, layer_times))
     projector = Projector(WeightLoader(gf, storage), vc, 1e-6)  # the text eps (LightOnOCR: 1e-6)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
-    n_full = len(vision.layers)
-    vision.layers, truncated = _truncate(vision.layers, layers)
+    n_full = vc.n_layer
+    truncated = len(vision.layers) < n_full
     edge = longest_edge or vc.longest_edge
     img = synthetic_page(*page_pixels(page, edge), seed=seed)
     t = time.perf_counter()
     pixels = preprocess(img, longest_edge=edge, patch_size=vc.patch_size, mean=vc.image_mean, std=vc.image_std,
                         merge=vc.merge)
     preprocess_s = time.perf_counter() - t
-    layer_times: list[float] = []
-    _time_layers(vision, layer_times)
     runs, proj_runs, estimates = [], [], []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -185,19 +174,18 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
                   q_block: int | None = None) -> dict:
     """Prefill of one page's prompt (image rows as embedding overrides): seconds per page.
     q_block: query rows per flash tile (None: the engine's default, attention.Q_BLOCK)."""
-    from functools import partial
-
     from ..engine import attention
     from ..engine.loader import load_model
     from ..engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
 
     t0 = time.perf_counter()
-    tm = load_model(model, storage)
+    layer_times: list[float] = []
+    tm = load_model(model, storage, _tower(layers, layer_times, attention="flash" if flash else "naive", q_block=q_block))
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config
     if image_tokens is None:  # the page's resized size -> (H // 28) * (W // 28)
-        from ..engine.preprocess import target_size
+        from ..engine.image.preprocess import target_size
 
         w, h = page_pixels(page, longest_edge)
         hh, ww = target_size(h, w, longest_edge, patch)
@@ -207,28 +195,19 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
         ids += [tm.tokenizer.token_id(IMAGE_TOKEN)] * image_tokens if piece is None else [tm.tokenizer.token_id(piece)]
     idx = np.flatnonzero(np.asarray(ids) == tm.tokenizer.token_id(IMAGE_TOKEN))
     rows = np.random.default_rng(seed).standard_normal((image_tokens, cfg.n_embd), dtype=np.float32) * 0.6
-    n_full = len(dec.layers)
-    dec.layers, truncated = _truncate(dec.layers, layers)
-    dec.flash = flash
-    layer_times: list[float] = []
-    _time_layers(dec, layer_times)
+    n_full = cfg.n_layer
+    truncated = len(dec.layers) < n_full
     runs, estimates = [], []
-    original = attention.flash_attention
-    if q_block:  # cached_attention looks flash_attention up in its module at call time
-        attention.flash_attention = partial(original, q_block=q_block)
-    try:
-        for _ in range(repeats):
-            state = dec.new_state(max_seq=len(ids) + 1)
-            t = time.perf_counter()
-            logits = dec.forward(state, ids, embd_rows=(idx, rows))
-            total = time.perf_counter() - t
-            runs.append(total)
-            estimates.append(_estimate(total, layer_times, len(dec.layers), n_full))
-            if not np.all(np.isfinite(logits)):
-                raise RuntimeError("prefill produced non-finite logits")
-            del state
-    finally:
-        attention.flash_attention = original
+    for _ in range(repeats):
+        state = dec.new_state(max_seq=len(ids) + 1)
+        t = time.perf_counter()
+        logits = dec.forward(state, ids, embd_rows=(idx, rows))
+        total = time.perf_counter() - t
+        runs.append(total)
+        estimates.append(_estimate(total, layer_times, len(dec.layers), n_full))
+        if not np.all(np.isfinite(logits)):
+            raise RuntimeError("prefill produced non-finite logits")
+        state.release()
     sec = float(np.median(estimates))
     return {
         "stage": "prefill", "storage": storage, "attention": "flash" if flash else "naive", "model": str(model),
@@ -250,19 +229,20 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     from ..engine.loader import load_model
 
     t0 = time.perf_counter()
-    tm = load_model(model, storage)
+    tm = load_model(model, storage, _tower(layers, []))
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     dec, cfg = tm.decoder, tm.config
-    n_full = len(dec.layers)
-    dec.layers, truncated = _truncate(dec.layers, layers)
+    n_full = cfg.n_layer
+    truncated = len(dec.layers) < n_full
+    pool = dec.new_pool()  # one pool for every batch: the padded decode attention of a real run
     rng = np.random.default_rng(seed)
     kv = rng.standard_normal((cfg.n_head_kv, context, cfg.head_dim), dtype=np.float32)
     groups = {}
     for b in batch_sizes:
         states = []
         for _ in range(b):
-            s = dec.new_state(max_seq=context + steps + 2)
+            s = dec.new_state(max_seq=context + steps + 2, pool=pool)
             for i in range(len(dec.layers)):
                 s.cache.write(i, 0, kv, kv)
             s.pos = context

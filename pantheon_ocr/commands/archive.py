@@ -23,8 +23,8 @@ def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: in
     from ..archive.ray import RayExecutor
 
     r = spec.ray
-    return RayExecutor(engine_factory, address=ray_address, workers=ray_workers or r["workers"],
-                       cpus_per_worker=r["cpus_per_worker"], chunk_pages=r["chunk_pages"])
+    return RayExecutor(engine_factory, address=ray_address, workers=ray_workers or r.workers,
+                       cpus_per_worker=r.cpus_per_worker, chunk_pages=r.chunk_pages)
 
 
 @contextmanager
@@ -63,11 +63,11 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
     from .progress import progress_bar
 
     spec = job_run.load_job(job)
-    if spec.model["threads"]:  # numpy's BLAS, OpenMP, and torch whenever it loads
+    if spec.model.engine.threads:  # numpy's BLAS, OpenMP, and torch whenever it loads
         from ..engine.threads import set_threads
 
-        set_threads(spec.model["threads"])
-    address = None if no_ray else ray_address or spec.ray["address"]
+        set_threads(spec.model.engine.threads)
+    address = None if no_ray else ray_address or spec.ray.address
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress
 

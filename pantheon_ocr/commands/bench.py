@@ -19,6 +19,8 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
+from ..options import STORAGE_MODES, EngineOptions, PipelineOptions, SamplingOptions, spec
+from .options import table_options
 
 
 def _ints(value: str, name: str, low: int = 1) -> list[int]:
@@ -105,7 +107,7 @@ def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, 
     from ..bench.isolation import cpu_info, run_isolated
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
-    storages = _choices(weights, "--weights", ("quantized", "f32", "bf16"))
+    storages = _choices(weights, "--weights", STORAGE_MODES)
     flashes = _on_off(flash, "--flash")
     thread_list = _threads(threads)
     q_block_list = [None] if not q_blocks else _ints(q_blocks, "--q-block")
@@ -167,7 +169,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
                f"{'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
-        for st in _choices(weights, "--weights", ("quantized", "f32", "bf16")):
+        for st in _choices(weights, "--weights", STORAGE_MODES):
             kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers)
             r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)
             out.append(r)
@@ -187,18 +189,13 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
 @click.option("--model", help="Text GGUF, a directory holding the text and mmproj GGUFs, or a pulled model's name.")
 @click.option("--mmproj", help="mmproj GGUF.")
 @click.option("--synthetic", type=click.IntRange(1), help="Also OCR N synthetic Letter pages (one PDF).")
-@click.option("--batch-size", "batch_sizes", default="8", show_default=True, help="e.g. 1,8")
-@click.option("--weights", default="f32", show_default=True, help="e.g. quantized,f32,bf16")
-@click.option("--flash", default="on", show_default=True, help="e.g. on,off")
-@click.option("--overlap", default="on", show_default=True, help="e.g. on,off")
-@click.option("--threads", default=None,
-              help="Threads per stage, e.g. 1,2 (default: half the cores each with overlap, else all).")
-@click.option("--vision-backend", type=click.Choice(["numpy", "torch", "auto"]), default="numpy", show_default=True,
-              help="auto: torch on the CPU, in bfloat16 where the CPU has bfloat16 units.")
-@click.option("--kv-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
-@click.option("--prefill-chunk", type=click.IntRange(1), default=None,
-              help="Prompt tokens per prefill step (default: the engine's, 512).")
-@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1), help="Per page.")
+@click.option("--batch-size", "batch_sizes", default=str(spec(PipelineOptions, "batch_size").default), show_default=True, help="e.g. 1,8")
+@click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True, help="e.g. quantized,f32,bf16")
+@click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off", show_default=True, help="e.g. on,off")
+@click.option("--overlap", default="on" if spec(PipelineOptions, "overlap").default else "off", show_default=True, help="e.g. on,off")
+@click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
+@table_options(EngineOptions, "vision_backend", "kv_dtype", "prefill_chunk")
+@table_options(SamplingOptions, "max_tokens")
 @click.option("--ignore-eos/--stop-at-eos", default=False, show_default=True,
               help="Generate exactly --max-tokens per page (random-weight models: no EOS, no loop guard).")
 @click.option("--longest-edge", type=click.IntRange(64), help="Render pages smaller than the model's 1540 px.")
@@ -206,7 +203,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers (say so when quoting).")
 @click.option("--pages-per-config", default="all", show_default=True,
               help="'all', a number, or 'auto' = max(4, 2 x batch size) pages per configuration.")
-@click.option("--render-workers", default=2, show_default=True, type=click.IntRange(1))
+@table_options(PipelineOptions, "render_workers")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1),
               help="Runs per configuration, taking turns; the median-wall run is reported.")
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
@@ -222,14 +219,14 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     from ..bench.isolation import cpu_info
     from ..bench.pages import PageBenchOptions, bench_pages, expand_configs, format_table
     from ..bench.synthetic import synthetic_pdf
-    from ..engine.loader import resolve_model
+    from ..modelfiles.resolve import resolve_model
     from ..pipeline.inputs import expand_inputs
 
     text_path, mmproj_path = resolve_model(model, mmproj)
     if not inputs and not synthetic:
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
-        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", ("quantized", "f32", "bf16")),
+        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", STORAGE_MODES),
         flash=_on_off(flash, "--flash"), overlap=_on_off(overlap, "--overlap"), threads=_threads(threads),
         vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )

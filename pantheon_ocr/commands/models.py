@@ -23,7 +23,7 @@ def pull(name, quant, revision, progress) -> None:
 
     Known names: see `pantheon-ocr models list --known`. Any owner/repo holding a text GGUF and
     an mmproj GGUF works too. Then use it with `--model NAME`."""
-    from ..hub import pull as pull_model
+    from ..modelfiles.hub import pull as pull_model
 
     show = sys.stderr.isatty() if progress is None else progress
     got = pull_model(name, quant, revision, progress=show, log=lambda line: click.echo(line, err=True))
@@ -37,13 +37,13 @@ def pull(name, quant, revision, progress) -> None:
 def list_(known) -> None:
     """Models in the Hugging Face cache (HF_HOME): name, files, sizes, paths."""
     if known:
-        from ..engine.catalog import KNOWN
+        from ..modelfiles.catalog import KNOWN
 
         for name, v in KNOWN.items():
             click.echo(f"{name:20} {v.repo:45} {v.about}")
         return
-    from ..engine.catalog import hub_cache
-    from ..hub import local_models
+    from ..modelfiles.catalog import hub_cache
+    from ..modelfiles.hub import local_models
 
     found = local_models()
     if not found:

@@ -1,5 +1,5 @@
-"""Attention: naive reference, blocked ("flash") prefill, one-token decode, and attention over a
-KV cache (cache.KVCache) that stores the new keys and values as it goes.
+"""Attention kernels: naive reference, blocked ("flash") prefill and padded decode. Pure array
+code: they take arrays and know no cache object (cache.py calls them with its buffers).
 
 Layouts: q [Hq, Tq, D], k/v [Hkv, Tk, D]; query head h reads KV head h // (Hq // Hkv).
 Positions are explicit (q_pos [Tq], k_pos [Tk], ascending) so one kernel covers causal prefill
@@ -9,17 +9,49 @@ non-causal vision attention.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+
+from ..options import ATTENTION_KINDS
 
 # Query blocks of 256 rows (not 32): numpy pays per call, and OpenBLAS pays a thread hand-off per
 # GEMM. At 2,322 prompt tokens (one Letter page) 32-row blocks make ~6k tiny GEMMs per layer:
 # as fast as 256 with one BLAS thread (0.66 s vs 0.67 s), but 8.3 s vs 1.7 s with two BLAS
 # threads on a loaded 2-core machine (`pantheon-ocr bench ocr`, docs/benchmarks.md).
 Q_BLOCK, KV_BLOCK = 256, 256
-_pool: ThreadPoolExecutor | None = None
+
+
+@dataclass(frozen=True)
+class TowerOptions:
+    """How a tower (decoder or vision encoder) is built, beyond its weights: constructor options
+    benchmarks set instead of patching a built model. Figures quoted from anything but the
+    defaults must say so."""
+
+    n_layers: int | None = None  # build only the first N layers (full depth estimated from them)
+    attention: str = "flash"  # prefill / vision attention: flash (blocked) or naive (the reference)
+    q_block: int | None = None  # flash tile rows (None: the tower's own)
+    kv_block: int | None = None  # flash tile keys (None: the tower's own)
+    on_layer: Callable[[int, float], None] | None = None  # timing hook: called (layer index, seconds)
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, not {self.attention!r}")
+        if self.n_layers is not None and self.n_layers < 1:
+            raise ValueError(f"n_layers must be at least 1, not {self.n_layers}")
+
+    def layers(self, n: int) -> int:
+        """How many of a tower's n layers to build."""
+        return n if self.n_layers is None else min(n, self.n_layers)
+
+    def attend(self, q, k, v, q_pos, k_pos, *, scale: float, causal: bool = True, window: int = 0,
+               q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK):
+        """The chosen kernel on q [Hq, Tq, D], k/v [Hkv, Tk, D]."""
+        if self.attention == "naive":
+            return naive_attention(q, k, v, q_pos, k_pos, scale=scale, causal=causal, window=window)
+        return flash_attention(q, k, v, q_pos, k_pos, scale=scale, causal=causal, window=window,
+                               q_block=self.q_block or q_block, kv_block=self.kv_block or kv_block)
 
 
 def _visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int) -> np.ndarray | None:
@@ -49,76 +81,45 @@ def naive_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=
 
 
 def flash_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=0,
-                    q_block=Q_BLOCK, kv_block=KV_BLOCK, threads: int | None = None) -> np.ndarray:
+                    q_block=Q_BLOCK, kv_block=KV_BLOCK) -> np.ndarray:
     """Blocked attention with an online softmax in float32; never holds more than one
     [group*q_block, kv_block] score tile per KV head. All heads go through each tile as one
-    batched matmul; `threads` > 1 also splits heads across threads (measured slower than
-    BLAS's own threads on 2 cores, hence off by default)."""
+    batched matmul."""
     hq, tq, d = q.shape
     hkv = k.shape[0]
     q_pos = np.asarray(q_pos, dtype=np.int64)
     k_pos = np.asarray(k_pos, dtype=np.int64)
     out = np.empty_like(q, dtype=np.float32)
-    n_threads = max(1, min(threads or 1, hkv))
-
-    def run(h0: int, h1: int) -> None:
-        g = hq // hkv
-        qh = q[h0 * g : h1 * g].reshape(h1 - h0, g, tq, d)  # [h, g, Tq, D]
-        for qs in range(0, tq, q_block):
-            qe = min(qs + q_block, tq)
-            nb = qe - qs
-            qb = qh[:, :, qs:qe].reshape(h1 - h0, g * nb, d) * np.float32(scale)  # [h, g*nb, D]
-            m = np.full((h1 - h0, g * nb, 1), -np.inf, dtype=np.float32)
-            l = np.zeros((h1 - h0, g * nb, 1), dtype=np.float32)
-            acc = np.zeros((h1 - h0, g * nb, d), dtype=np.float32)
-            qp = np.tile(q_pos[qs:qe], g)
-            for ks in range(0, k.shape[1], kv_block):
-                ke = min(ks + kv_block, k.shape[1])
-                if causal and k_pos[ks] > q_pos[qe - 1]:
-                    break  # keys ascend: every later block is in the future
-                if window and q_pos[qs] - k_pos[ke - 1] >= window:
-                    continue  # the whole block slid out of every query's window
-                s = qb @ k[h0:h1, ks:ke].transpose(0, 2, 1)  # [h, g*nb, kb]
-                mask = _visible(qp, k_pos[ks:ke], causal, window)
-                if mask is not None and not mask.all():
-                    s = np.where(mask[None], s, -np.inf)
-                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-                # A row with no visible key yet keeps m = -inf; shift by 0 there to avoid NaN.
-                shift = np.where(np.isfinite(m_new), m_new, 0).astype(np.float32)
-                p = np.exp(s - shift)
-                corr = np.exp(m - shift)
-                l = l * corr + p.sum(axis=-1, keepdims=True)
-                acc = acc * corr + p @ v[h0:h1, ks:ke]
-                m = m_new
-            res = (acc / l).reshape(h1 - h0, g, nb, d)
-            out[h0 * g : h1 * g, qs:qe] = res.reshape((h1 - h0) * g, nb, d)
-
-    if n_threads == 1:
-        run(0, hkv)
-    else:
-        bounds = np.linspace(0, hkv, n_threads + 1).astype(int)
-        list(_executor().map(lambda i: run(bounds[i], bounds[i + 1]), range(n_threads)))
+    g = hq // hkv
+    qh = q.reshape(hkv, g, tq, d)  # [Hkv, g, Tq, D]: a KV head's query heads share each tile
+    for qs in range(0, tq, q_block):
+        qe = min(qs + q_block, tq)
+        nb = qe - qs
+        qb = qh[:, :, qs:qe].reshape(hkv, g * nb, d) * np.float32(scale)  # [Hkv, g*nb, D]
+        m = np.full((hkv, g * nb, 1), -np.inf, dtype=np.float32)
+        l = np.zeros((hkv, g * nb, 1), dtype=np.float32)
+        acc = np.zeros((hkv, g * nb, d), dtype=np.float32)
+        qp = np.tile(q_pos[qs:qe], g)
+        for ks in range(0, k.shape[1], kv_block):
+            ke = min(ks + kv_block, k.shape[1])
+            if causal and k_pos[ks] > q_pos[qe - 1]:
+                break  # keys ascend: every later block is in the future
+            if window and q_pos[qs] - k_pos[ke - 1] >= window:
+                continue  # the whole block slid out of every query's window
+            s = qb @ k[:, ks:ke].transpose(0, 2, 1)  # [Hkv, g*nb, kb]
+            mask = _visible(qp, k_pos[ks:ke], causal, window)
+            if mask is not None and not mask.all():
+                s = np.where(mask[None], s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+            # A row with no visible key yet keeps m = -inf; shift by 0 there to avoid NaN.
+            shift = np.where(np.isfinite(m_new), m_new, 0).astype(np.float32)
+            p = np.exp(s - shift)
+            corr = np.exp(m - shift)
+            l = l * corr + p.sum(axis=-1, keepdims=True)
+            acc = acc * corr + p @ v[:, ks:ke]
+            m = m_new
+        out[:, qs:qe] = (acc / l).reshape(hkv, g, nb, d).reshape(hq, nb, d)
     return out
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="attn")
-    return _pool
-
-
-def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float) -> np.ndarray:
-    """Reference for one sequence: one query per head against every cached key:
-    q [Hq, D], k/v [Hkv, L, D] -> [Hq, D]. The decoder itself uses padded_decode_attention."""
-    hq, d = q.shape
-    hkv = k.shape[0]
-    qg = q.reshape(hkv, hq // hkv, d) * np.float32(scale)  # [Hkv, g, D]
-    s = qg @ k.transpose(0, 2, 1)  # [Hkv, g, L]
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return (p @ v).reshape(hq, d)
 
 
 def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths: np.ndarray, *,
@@ -158,29 +159,3 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
         acc += p.swapaxes(-1, -2) @ v[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)
     total[total == 0] = 1  # rows with no key: 0 / 1
     return (acc / total.swapaxes(-1, -2)).reshape(n, hq, d)
-
-
-def cached_attention(cache, layer: int, pos0: int, q, k, v, *, scale: float,
-                     window: int = 0, flash: bool = True) -> np.ndarray:
-    """Attention of a chunk (q [Hq,T,D], new k/v [Hkv,T,D] at positions pos0..) over the cache
-    plus itself; writes the new k/v into the cache. Returns [Hq, T, D]."""
-    t = q.shape[1]
-    if t == 1:  # the decode path over the sequence's own pool slot (see cache.decode_attend)
-        cache.write(layer, pos0, k, v)
-        sl = slice(cache.slot, cache.slot + 1)
-        a = padded_decode_attention(q[:, 0][None], cache.pool.k[layer][sl], cache.pool.v[layer][sl],
-                                    [cache.held(pos0 + 1)], scale=scale)
-        return a[0][:, None]
-    if cache.ring and pos0 + t > cache.max_seq:
-        # The chunk would overwrite keys its own early queries still need: attend over the
-        # held prefix + the chunk with the window mask, then store.
-        pk, pv, ppos = cache.read(layer, pos0)
-        kk, vv = np.concatenate([pk, k], axis=1), np.concatenate([pv, v], axis=1)
-        kpos = np.concatenate([ppos, np.arange(pos0, pos0 + t)])
-        cache.write(layer, pos0, k, v)
-    else:
-        cache.write(layer, pos0, k, v)
-        kk, vv, kpos = cache.read(layer, pos0 + t)
-    qpos = np.arange(pos0, pos0 + t)
-    fn = flash_attention if flash else naive_attention
-    return fn(q, kk, vv, qpos, kpos, scale=scale, causal=True, window=window)

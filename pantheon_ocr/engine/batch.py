@@ -22,12 +22,8 @@ class BatchUnsupported(Exception):
     """This decoder path cannot be batched; nothing was changed, decode per sequence instead."""
 
 
-def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int],
-                  embd_rows: dict[int, np.ndarray] | None = None) -> np.ndarray:
-    """Advance states[b] by tokens[b] (one token each); logits [B, n_vocab].
-
-    embd_rows: optional {b: row [n_embd]} replacing the token embedding of sequence b.
-    """
+def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int]) -> np.ndarray:
+    """Advance states[b] by tokens[b] (one token each); logits [B, n_vocab]."""
     if decoder.cfg.n_expert:
         # Routing differs per row; batching it needs gathers per expert we have not written.
         raise BatchUnsupported("mixture-of-experts layers are decoded one sequence at a time")
@@ -39,8 +35,6 @@ def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int
         if not s.cache.ring and s.pos + 1 > s.cache.max_seq:
             raise ValueError(f"a sequence is full ({s.cache.max_seq} positions)")
     x = decoder.embed(tokens)  # [B, n_embd]
-    for b, row in (embd_rows or {}).items():
-        x[b] = row
     x = decoder.run(Rows(states, [1] * len(states)), x, tokens)
     return decoder.logits_of(x, exact=True)
 

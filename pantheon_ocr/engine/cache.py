@@ -7,22 +7,23 @@ roped q/k/v to `rows.attend(layer, q, k, v)`, which writes k/v into the sequence
 returns their attention; after the last layer `rows.advance(tokens)` moves the positions on.
 Nothing else writes a cache or a position.
 
-The caches of a decoder's sequences live in one `KVPool`: per layer one padded buffer
-[slots, Hkv, cap, D] for K and one for V, a sequence owning a slot. A decode step of B sequences
-is then one padded attention over their slots (attention.padded_decode_attention), and a single
-sequence's decode step is the same computation over its one slot, bit for bit.
+The caches of a page engine's sequences live in one `KVPool` that the page engine creates and
+owns (page_engine.OCREngine): per layer one padded buffer [slots, Hkv, cap, D] for K and one for V,
+a sequence owning a slot from `KVCache(...)` until `release()`. A decode step of B sequences is
+then one padded attention over their slots (attention.padded_decode_attention), and a single
+sequence's decode step is the same computation over its one slot, bit for bit. The attention
+kernels take arrays; this module hands them its buffers.
 """
 
 from __future__ import annotations
 
 import heapq
-import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from .attention import KV_BLOCK, cached_attention, padded_decode_attention
+from .attention import KV_BLOCK, TowerOptions, padded_decode_attention
 
 FIRST_CAP = 256  # positions a new slot starts with; caps grow by doubling, in whole KV blocks
 
@@ -81,8 +82,8 @@ class KVPool:
 
 
 class KVCache:
-    """One sequence's K/V: a slot of a KVPool (its own pool if none is given). Per layer the slot
-    holds [Hkv, cap, D]; `max_seq` bounds the positions.
+    """One sequence's K/V: a slot of a KVPool (a pool of its own if none is given), held until
+    `release()`. Per layer the slot holds [Hkv, cap, D]; `max_seq` bounds the positions.
 
     With `ring` (sliding window), max_seq = the window: position p lives in slot p % max_seq and
     a query at p reads min(p + 1, max_seq) slots.
@@ -92,26 +93,27 @@ class KVCache:
                  pool: KVPool | None = None):
         self.max_seq, self.ring = max_seq, ring
         self.pool = pool if pool is not None else KVPool(n_layer, n_kv, head_dim)
-        self.slot = self.pool.acquire()
-        weakref.finalize(self, self.pool.release, self.slot)  # the slot returns when the state goes
+        self.slot: int | None = self.pool.acquire()
         for layer in range(n_layer):
             self.pool.reserve(layer, self.slot, min(max_seq, FIRST_CAP), max_seq)
 
-    @property
-    def k(self) -> list[np.ndarray]:
-        """Per layer this sequence's keys [Hkv, cap, D] (views into the pool)."""
-        return [buf[self.slot] for buf in self.pool.k]
+    def release(self) -> None:
+        """Give the slot back to the pool (idempotent): the sequence is done or abandoned."""
+        if self.slot is not None:
+            self.pool.release(self.slot)
+            self.slot = None
 
-    @property
-    def v(self) -> list[np.ndarray]:
-        return [buf[self.slot] for buf in self.pool.v]
+    def held_slot(self) -> int:
+        if self.slot is None:
+            raise RuntimeError("this sequence's KV cache was released")
+        return self.slot
 
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
         t = k.shape[1]
         if not self.ring and pos0 + t > self.max_seq:
             raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
-        pool, slot = self.pool, self.slot
+        pool, slot = self.pool, self.held_slot()
         if self.ring:
             keep = min(t, self.max_seq)
             pool.reserve(layer, slot, min(pos0 + t, self.max_seq), self.max_seq)
@@ -129,7 +131,8 @@ class KVCache:
     def read(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keys/values of the positions before n_pos that are still held, with their positions,
         in ascending position order: (k [Hkv, L, D], v, positions [L])."""
-        k, v = self.pool.k[layer][self.slot], self.pool.v[layer][self.slot]
+        slot = self.held_slot()
+        k, v = self.pool.k[layer][slot], self.pool.v[layer][slot]
         if self.ring and n_pos > self.max_seq:
             first = n_pos - self.max_seq
             pos = np.arange(first, n_pos)
@@ -137,18 +140,31 @@ class KVCache:
             return k[:, slots], v[:, slots], pos
         return k[:, :n_pos], v[:, :n_pos], np.arange(n_pos)
 
-    def slots(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """All held keys/values in slot order (decode: order does not matter to softmax)."""
-        n = min(n_pos, self.max_seq)
-        return self.pool.k[layer][self.slot][:, :n], self.pool.v[layer][self.slot][:, :n]
-
     def held(self, n_pos: int) -> int:
         """Keys a query at position n_pos - 1 attends to."""
         return min(n_pos, self.max_seq)
 
+    def attend_chunk(self, layer: int, pos0: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
+                     window: int = 0, tower: TowerOptions = TowerOptions()) -> np.ndarray:
+        """Attention of a chunk (q [Hq, T, D], new k/v [Hkv, T, D] at positions pos0..) over the
+        cache plus itself; stores the new k/v. Returns [Hq, T, D]."""
+        t = q.shape[1]
+        if self.ring and pos0 + t > self.max_seq:
+            # The chunk would overwrite keys its own early queries still need: attend over the
+            # held prefix + the chunk with the window mask, then store.
+            pk, pv, ppos = self.read(layer, pos0)
+            kk, vv = np.concatenate([pk, k], axis=1), np.concatenate([pv, v], axis=1)
+            kpos = np.concatenate([ppos, np.arange(pos0, pos0 + t)])
+            self.write(layer, pos0, k, v)
+        else:
+            self.write(layer, pos0, k, v)
+            kk, vv, kpos = self.read(layer, pos0 + t)
+        return tower.attend(q, kk, vv, np.arange(pos0, pos0 + t), kpos, scale=scale, causal=True, window=window)
+
     def nbytes(self) -> int:
         """Bytes of this sequence's slot (its share of the pool)."""
-        return sum(buf[self.slot].nbytes for buf in (*self.pool.k, *self.pool.v))
+        slot = self.held_slot()
+        return sum(buf[slot].nbytes for buf in (*self.pool.k, *self.pool.v))
 
 
 def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q: np.ndarray, *,
@@ -163,7 +179,7 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
         groups.setdefault(id(c.pool), []).append(b)
     for members in groups.values():
         pool = caches[members[0]].pool
-        slots = [caches[b].slot for b in members]
+        slots = [caches[b].held_slot() for b in members]
         lo, hi = min(slots), max(slots) + 1
         qs = np.zeros((hi - lo, *q.shape[1:]), np.float32)
         lengths = np.zeros(hi - lo, np.int64)
@@ -184,6 +200,10 @@ class DecoderState:
     pos: int = 0
     tokens: list[int] = field(default_factory=list)
 
+    def release(self) -> None:
+        """The sequence is done: its KV slot goes back to the pool."""
+        self.cache.release()
+
 
 class Rows:
     """The rows of one forward pass, grouped by sequence: rows bounds[b]:bounds[b+1] are the next
@@ -198,7 +218,7 @@ class Rows:
         self.decode = all(n == 1 for n in lengths)
 
     def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, window: int = 0,
-               flash: bool = True) -> np.ndarray:
+               tower: TowerOptions = TowerOptions()) -> np.ndarray:
         """q [N, Hq, D], k/v [N, Hkv, D] (roped) -> attention [N, Hq, D]: each sequence's rows
         against its cache plus themselves (causal). Stores their k/v in the caches."""
         if self.decode:  # one new token per sequence: one padded attention for all of them
@@ -208,8 +228,8 @@ class Rows:
                                  scale=scale)
         out = np.empty_like(q)
         for s, r0, r1 in zip(self.states, self.bounds[:-1], self.bounds[1:]):
-            a = cached_attention(s.cache, layer, s.pos, q[r0:r1].transpose(1, 0, 2), k[r0:r1].transpose(1, 0, 2),
-                                 v[r0:r1].transpose(1, 0, 2), scale=scale, window=window, flash=flash)  # [Hq, T, D]
+            a = s.cache.attend_chunk(layer, s.pos, q[r0:r1].transpose(1, 0, 2), k[r0:r1].transpose(1, 0, 2),
+                                     v[r0:r1].transpose(1, 0, 2), scale=scale, window=window, tower=tower)  # [Hq, T, D]
             out[r0:r1] = a.transpose(1, 0, 2)
         return out
 

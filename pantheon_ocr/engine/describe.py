@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import asdict
+
 
 def describe(path: str) -> dict:
     """Architecture, config, tensors, parameter count, weight types and memory per storage mode
     of one GGUF (a decoder or an mmproj). Building the decoder validates every tensor."""
-    from .gguf import meta, open_gguf
+    from .format.gguf import meta, open_gguf
 
     gf = open_gguf(path)
     arch = meta(gf, "general.architecture", str)
@@ -17,9 +19,9 @@ def describe(path: str) -> dict:
 
         config = check_mmproj(gf)  # the config and every tensor of the tower and the projector
     else:
-        from .config import decoder_config
+        from .format.config import decoder_config
         from .models import decoder_class
-        from .tokenizer import load_tokenizer
+        from .text.tokenizer import load_tokenizer
 
         config = decoder_config(gf)
         decoder_class(arch)(gf, config, "quantized")  # validates every tensor name, shape, type
@@ -33,7 +35,7 @@ def describe(path: str) -> dict:
     return {
         "path": str(gf.path),
         "architecture": arch,
-        "config": {k: v for k, v in vars(config).items()},
+        "config": asdict(config),
         "n_tensors": len(gf.tensors),
         "parameters": n_params,
         "types": dict(sorted(types.items())),

@@ -12,6 +12,11 @@
     # one decode step of the pages already decoding, so they never wait for a whole prompt
     seq = engine.start_prefill(features, sampling)           # nothing computed yet
     while not engine.prefill_step(seq): engine.decode_step(decoding)
+    engine.prefill_steps([seq, ...])                         # the next chunk of each, one forward
+
+Decode state belongs to the page engine: it creates one KV pool (`kv_dtype`), every sequence
+holds a slot of it until the sequence finishes or is closed (`seq.close()`), then the slot is
+reused. Nothing relies on garbage collection to give memory back.
 
 Accelerators (engine/backends): `vision_backend` runs the vision stage (torch, Core ML; None =
 the numpy encoder in the model); `gpu_prefill` / `gpu_decode` run the prefill or batched decode
@@ -22,14 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..options import PREFILL_CHUNK
 from .batch import batch_logits
-from .cache import DecoderState
+from .cache import DecoderState, Rows
 from .models.lightonocr import LightOnOCR
+from .models.reader import ReadingHints
 from .sampling import RepetitionGuard, Sampler, SamplingOptions
 
-# Prompt tokens per prefill step. A Letter page's ~2,330-token prompt becomes 5 chunks; a
-# decode step of the pages already running fits between two of them (pipeline/stages.py).
-PREFILL_CHUNK = 512
 
 
 class PageSeq:
@@ -58,43 +62,45 @@ class PageSeq:
         tok = self.sampler(logits)
         if tok in self.engine.stop_ids:
             self.finished, self.finish_reason = True, "eos"
-            return
-        self.generated.append(tok)
-        if len(self.generated) >= self.max_tokens:
-            self.finished, self.finish_reason = True, "max_tokens"
-        elif self.engine.guard is not None and self.engine.guard.looping(self.generated):
-            self.finished, self.finish_reason = True, "repetition"
+        else:
+            self.generated.append(tok)
+            if len(self.generated) >= self.max_tokens:
+                self.finished, self.finish_reason = True, "max_tokens"
+            elif self.engine.guard is not None and self.engine.guard.looping(self.generated):
+                self.finished, self.finish_reason = True, "repetition"
         if self.finished:
-            self.state = None  # free the KV cache as soon as the page leaves the batch
+            self.close()  # the KV slot goes back as soon as the page leaves the batch
+
+    def close(self) -> None:
+        """Free the decode state (idempotent): the page finished, failed or was abandoned."""
+        if self.state is not None:
+            self.state.release()
+            self.state = None
+        self.pending = None
 
     def text(self) -> str:
         return self.engine.vlm.decode(self.generated)
 
 
 class OCREngine:
-    """A LightOnOCR model as a page engine: vision() on the vision thread, prefill() and
-    decode_step() on the CPU thread; transcribe() / run_page() for one page on this thread."""
+    """A LightOnOCR model as a page engine: vision() on the vision thread, start_prefill() /
+    prefill_step(s)() and decode_step() on the CPU thread; transcribe() / run_page() for one page on
+    this thread. It owns the KV pool of its sequences."""
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False,
-                 prefill_chunk: int | None = PREFILL_CHUNK):
+                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "float32"):
         self.vlm = vlm
         self.prefill_chunk = prefill_chunk  # prompt tokens per prefill_step; None: the whole prompt
-        vc = vlm.vision_config
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
-        # How the model wants its pages cut (pipeline/regions.py): its default segment mode, the
-        # height of a line crop, the resolution pages are rendered at before they are cut, and
-        # the widest line read in one piece (a small reader drifts on long lines), and the
-        # multiple every image side is rounded up to.
-        self.segment, self.line_height = vc.segment, vc.line_height
-        self.line_width = vc.line_width or vlm.longest_edge
-        self.page_edge = vc.page_edge or vlm.longest_edge
-        self.patch_size = vc.patch_size
+        # How the model wants its pages cut (pipeline/regions.py), one typed value.
+        self.hints: ReadingHints = vlm.hints
         # ignore_eos: every page runs to its max_tokens, neither stop ids nor the repetition guard
         # end it (benchmarks on random-weight models, comparisons with reference token streams).
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
         self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
+        self.kv_pool = vlm.decoder.new_pool(np.dtype(kv_dtype))  # every sequence's K/V (cache.py)
         self.prefill_decoder = self.decode_decoder = vlm.decoder
         self.switches = None
         if gpu_prefill or gpu_decode:
@@ -135,7 +141,7 @@ class OCREngine:
     def start_prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
         """A new sequence whose prompt is still to be prefilled (prefill_step); cheap."""
         ids, (idx, rows) = self.vlm.prompt_and_rows(features)
-        state = self.vlm.decoder.new_state(max_seq=len(ids) + sampling.max_tokens)
+        state = self.vlm.decoder.new_state(max_seq=len(ids) + sampling.max_tokens, pool=self.kv_pool)
         seq = PageSeq(self, state, sampling)
         seq.pending = (ids, np.asarray(idx), rows)
         return seq
@@ -145,19 +151,36 @@ class OCREngine:
         once the prompt is done and the first token chosen. Each chunk attends to the cache of
         the chunks before it (blocked attention over cache + chunk), so the result is the whole
         prompt's up to float rounding: the prompt's rows go through matmuls of another height."""
-        ids, idx, rows = seq.pending
-        n = len(ids) if not self.prefill_chunk else min(self.prefill_chunk, len(ids))
-        p0 = seq.state.pos
-        mine = (idx >= p0) & (idx < p0 + n)  # image rows that fall in this chunk
-        # prefill_decoder is the model's own decoder, or its device mirror (--gpu-prefill);
-        # either way the KV cache it fills is numpy.
-        logits = self.prefill_decoder.forward(seq.state, ids[:n], embd_rows=(idx[mine] - p0, rows[mine]))
-        if n < len(ids):
-            seq.pending = (ids[n:], idx, rows)
-            return False
-        seq.pending = None
-        seq.accept(logits[-1])
-        return True
+        self.prefill_steps([seq])
+        return not seq.prefilling
+
+    def prefill_steps(self, seqs: list[PageSeq]) -> None:
+        """The next chunk of each sequence's prompt, all of them in one forward (one matmul per
+        weight for every row: many short prompts, such as the line pieces of a page, cost little
+        more than one); a sequence whose prompt is done gets its first token."""
+        seqs = [s for s in seqs if s.prefilling]
+        if not seqs:
+            return
+        decoder = self.prefill_decoder  # the model's own decoder, or its device mirror (--gpu-prefill)
+        chunks, xs = [], []
+        for s in seqs:
+            ids, idx, rows = s.pending
+            n = len(ids) if not self.prefill_chunk else min(self.prefill_chunk, len(ids))
+            p0 = s.state.pos
+            mine = (idx >= p0) & (idx < p0 + n)  # image rows that fall in this chunk
+            xs.append(decoder.embed(ids[:n], (idx[mine] - p0, rows[mine])))  # [n, n_embd]
+            chunks.append(ids[:n])
+        x = decoder.run(Rows([s.state for s in seqs], [len(c) for c in chunks]), np.concatenate(xs),
+                        [t for c in chunks for t in c])  # [N, n_embd]
+        ends = np.cumsum([len(c) for c in chunks]) - 1
+        done = [i for i, s in enumerate(seqs) if len(chunks[i]) == len(s.pending[0])]
+        logits = decoder.logits_of(x[ends[done]]) if done else None  # [len(done), n_vocab]
+        for i, s in enumerate(seqs):
+            ids, idx, rows = s.pending
+            s.pending = (ids[len(chunks[i]):], idx, rows)
+        for j, i in enumerate(done):
+            seqs[i].pending = None
+            seqs[i].accept(logits[j])
 
     def decode_step(self, seqs: list[PageSeq]) -> None:
         live = [s for s in seqs if not s.finished]

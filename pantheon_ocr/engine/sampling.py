@@ -1,31 +1,15 @@
 """Token choice: greedy, or temperature + top-p with a seeded generator; and the repetition guard.
 
-`SamplingOptions` is the one sampling type of the project: the pipeline, archive jobs (which
-retry a page hotter) and the engine all pass it, and it is validated once, when it is made."""
+`SamplingOptions` (declared in the options table, options.py) is the one sampling type of the
+project: the pipeline, archive jobs (which retry a page hotter) and the engine all pass it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..errors import UsageError
+from ..options import SamplingOptions
 
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    max_tokens: int = 4096  # a dense page of LightOnOCR output is ~1-2k tokens
-    temperature: float = 0.0  # 0 = greedy: OCR wants the most likely reading, reproducibly
-    top_p: float = 1.0
-    seed: int | None = 0  # None: a fresh random seed
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
-        if not 0 <= self.temperature < float("inf"):  # also refuses nan: sampling at inf/nan is noise
-            raise UsageError(f"temperature must be a finite number >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
+__all__ = ["LAYOUT_CHARS", "RepetitionGuard", "Sampler", "SamplingOptions"]
 
 
 class Sampler:

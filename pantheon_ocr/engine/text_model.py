@@ -14,25 +14,26 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .config import decoder_config
-from .gguf import open_gguf
+from .attention import TowerOptions
+from .format.config import decoder_config
+from .format.gguf import open_gguf
 from .models import decoder_class
 from .sampling import Sampler, SamplingOptions
-from .weights import Storage
+from .format.weights import Storage
 
 
 class TextModel:
     """`.config`, `.decoder`, `.tokenizer`, `.logits(ids)`, `.stream(ids, ...)`, `.generate(ids, ...)`."""
 
-    def __init__(self, path: str | Path, weights: Storage = "quantized"):
+    def __init__(self, path: str | Path, weights: Storage = "quantized", tower: TowerOptions = TowerOptions()):
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
         self.config = decoder_config(self.gguf)
-        self.decoder = decoder_class(self.config.arch)(self.gguf, self.config, weights)
+        self.decoder = decoder_class(self.config.arch)(self.gguf, self.config, weights, tower)
 
     @cached_property
     def tokenizer(self):
-        from .tokenizer import load_tokenizer
+        from .text.tokenizer import load_tokenizer
 
         return load_tokenizer(self.gguf)
 

@@ -14,9 +14,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
-from ..engine.sampling import SamplingOptions
+from ..engine.models.reader import ReadingHints
+from ..options import SEGMENT_MODES, SamplingOptions
 from .segment import Region, block_image, blocks, line_images, segment
-from .types import SEGMENT_MODES
+from .types import PageEngine, Seq
+
+# Sequences whose prompt chunk goes into one prefill forward: a page of line pieces (often 50-150
+# short prompts) joins in a few steps, each short enough that the pages already decoding do not
+# wait long for their next token.
+PREFILL_GROUP = 64
 
 
 @dataclass
@@ -29,21 +35,28 @@ class RegionFeatures:
 
 
 class RegionGroup:
-    """The sequences of one page's regions, finished together."""
+    """The sequences of one page's regions, finished together: a Seq to the pipeline."""
 
-    def __init__(self, regions: list[Region], seqs: list[list]):
+    def __init__(self, regions: list[Region], seqs: list[list[Seq]]):
         self.regions, self.seqs = regions, seqs
 
-    def live(self) -> list:
-        return [s for parts in self.seqs for s in parts if not s.finished]
+    def parts(self) -> list[Seq]:
+        return [s for parts in self.seqs for s in parts]
+
+    def live(self) -> list[Seq]:
+        return [s for s in self.parts() if not s.finished and not s.prefilling]
+
+    @property
+    def prefilling(self) -> bool:
+        return any(s.prefilling for s in self.parts())
 
     @property
     def finished(self) -> bool:
-        return not self.live()
+        return all(s.finished for s in self.parts())
 
     @property
     def n_tokens(self) -> int:
-        return sum(s.n_tokens for parts in self.seqs for s in parts)
+        return sum(s.n_tokens for s in self.parts())
 
     @property
     def finish_reason(self) -> str | None:
@@ -51,17 +64,21 @@ class RegionGroup:
             return None
         if not self.seqs:
             return "blank"
-        reasons = {s.finish_reason for parts in self.seqs for s in parts}
+        reasons = {s.finish_reason for s in self.parts()}
         return next((r for r in ("max_tokens", "repetition") if r in reasons), "eos")
 
     def text(self) -> str:
         return join_regions(self.regions, [" ".join(s.text().strip() for s in parts) for parts in self.seqs])
 
+    def close(self) -> None:
+        for s in self.parts():
+            s.close()
 
-def for_options(engine, segment: str | None):
+
+def for_options(engine: PageEngine, segment: str | None) -> PageEngine:
     """The engine the stages run: wrapped to read regions when the options or, by default, the
     model's GGUF ask for blocks or lines."""
-    mode = segment or getattr(engine, "segment", "page")
+    mode = segment or engine.hints.segment
     return engine if mode == "page" else SegmentedEngine(engine, mode)
 
 
@@ -77,41 +94,55 @@ def join_regions(regions: list[Region], texts: list[str]) -> str:
 
 
 class SegmentedEngine:
-    """A page engine whose pages are read region by region; see the module docstring."""
+    """A page engine whose pages are read region by region; see the module docstring. It
+    implements the whole PageEngine protocol over the engine it wraps."""
 
-    def __init__(self, engine, mode: str):
+    def __init__(self, engine: PageEngine, mode: str):
         if mode not in SEGMENT_MODES[1:]:
             raise ValueError(f"segment mode must be one of {', '.join(SEGMENT_MODES[1:])}, not {mode!r}")
         self.engine, self.mode = engine, mode
+        h = engine.hints
         # A model trained on lines names their height; for others (LightOnOCR reads pages) a line
-        # is cropped at page resolution like a block.
-        self.line_height = getattr(engine, "line_height", 0)
-        self.line_width = getattr(engine, "line_width", 0) or engine.longest_edge  # wider lines go in pieces
-        self.patch = getattr(engine, "patch_size", 14)
-        # Pages are rendered finer than the reader's input so lines can be cut from them.
-        self.longest_edge = getattr(engine, "page_edge", 0) or engine.longest_edge
+        # is cropped at page resolution like a block. Pages are rendered finer than the reader's
+        # input so lines can be cut from them.
+        self.hints = ReadingHints(mode, h.line_height, h.line_width, h.page_edge, h.patch_size)
+        self.longest_edge = h.page_edge
 
     def vision(self, image: Image.Image) -> RegionFeatures:
         grey = np.asarray(image.convert("L"))
         regions, clean = segment(grey)
         if self.mode == "blocks":
             regions = blocks(regions)
-        if self.mode == "lines" and self.line_height:
-            images = [line_images(clean, r.box, self.line_height, self.patch, self.line_width) for r in regions]
+        h = self.hints
+        if self.mode == "lines" and h.reads_lines:
+            images = [line_images(clean, r.box, h.line_height, h.patch_size, h.line_width) for r in regions]
         else:
             images = [[block_image(image, r.box)] for r in regions]
         return RegionFeatures(regions, [[self.engine.vision(im) for im in parts] for parts in images])
 
-    def prefill(self, page: RegionFeatures, sampling: SamplingOptions) -> RegionGroup:
-        seqs = [[self.engine.prefill(f, self._budget(f, sampling)) for f in parts] for parts in page.features]
+    def start_prefill(self, page: RegionFeatures, sampling: SamplingOptions) -> RegionGroup:
+        seqs = [[self.engine.start_prefill(f, self._budget(f, sampling)) for f in parts] for parts in page.features]
         return RegionGroup(page.regions, seqs)
+
+    def prefill_steps(self, groups: list[RegionGroup]) -> None:
+        """One prefill forward over the next PREFILL_GROUP region prompts of these pages."""
+        pending = [s for g in groups for s in g.parts() if s.prefilling][:PREFILL_GROUP]
+        if pending:
+            self.engine.prefill_steps(pending)
+
+    def prefill(self, page: RegionFeatures, sampling: SamplingOptions) -> RegionGroup:
+        """A page's regions, every prompt prefilled (a page read on its own)."""
+        group = self.start_prefill(page, sampling)
+        while group.prefilling:
+            self.prefill_steps([group])
+        return group
 
     def _budget(self, features, sampling: SamplingOptions) -> SamplingOptions:
         """A line of M image tokens cannot hold more than a few characters per token: capping its
         tokens stops a line that does not end from holding up its page."""
-        if not (self.mode == "lines" and self.line_height) or not hasattr(features, "shape"):
+        if not (self.mode == "lines" and self.hints.reads_lines):
             return sampling
-        return replace(sampling, max_tokens=min(sampling.max_tokens, 4 * int(features.shape[0]) + 16))
+        return replace(sampling, max_tokens=min(sampling.max_tokens, 4 * len(features) + 16))
 
     def decode_step(self, groups: list[RegionGroup]) -> None:
         live = [s for g in groups for s in g.live()]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..engine.images import to_rgb
+from ..engine.image.images import to_rgb
 from ..errors import InputError
 from .files import special_kind
 from .inputs import Document

@@ -32,7 +32,7 @@ from .figures import FigureCropper
 from .naming import OutputPaths, claim_all, plan_output_paths
 from .outputs import write_document
 from .regions import for_options
-from .render import DEFAULT_LONGEST_EDGE, count_pages, render_page
+from .render import count_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
 from .types import DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress, RunSummary
@@ -86,7 +86,7 @@ class _Run:
         self.explicit_tasks = None if tasks is None else list(tasks)
         self.on_page = on_page
         self.write_outputs = write_outputs
-        self.edge = options.longest_edge or getattr(self.engine, "longest_edge", None) or DEFAULT_LONGEST_EDGE
+        self.edge = options.longest_edge or self.engine.longest_edge
         self.paths = plan_output_paths(self.documents, options.out_dir)
         self.pool = RenderPool(
             workers=options.render_workers, timeout=options.render_timeout, start_method=start_method

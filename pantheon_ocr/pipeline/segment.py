@@ -1,11 +1,14 @@
 """Page segmentation: a page image -> text regions in reading order (columns first, then lines).
 
-For readers that read lines or blocks rather than whole pages. Printed documents only: the page
-is binarised (Otsu), table rules and other long strokes are removed, and the ink is cut
-recursively (an X-Y cut): a block splits into columns where a wide vertical gap runs through all of
-it and both sides hold running text, otherwise into bands of rows; a band splits into cells at wide
-horizontal gaps. Each leaf is a line: its crop is taken from the grey page, padded, and scaled to
-the reader's line height. A blank page has no regions.
+For readers that read lines or blocks rather than whole pages. Printed documents only: text on a
+grey, dark or coloured ground (slide title bars, table headers, inverted boxes) is normalised so ink
+is always darker than its ground (the ground of each area made white), the page is binarised (Otsu), table rules and other long strokes
+are removed, and the ink is cut recursively (an X-Y cut): a block splits into columns where a
+vertical gap runs through all of it and both sides hold running text; otherwise into sections at
+full-width blank bands at least a line high (a title over two columns, a footer under them), each
+cut again; what cannot be cut is a run of lines, and a line splits into cells at wide gaps (table
+rows are read cell by cell, left to right). Each leaf is a line: its crop is taken from the
+normalised grey page, padded, and scaled to the reader's line height. A blank page has no regions.
 """
 
 from __future__ import annotations
@@ -106,9 +109,59 @@ def _line_height(ink: np.ndarray) -> float:
     return float((ends - starts)[order][np.searchsorted(cum, cum[-1] / 2)])
 
 
+GROUND_TILE = 16  # px: tiles in which the ground's tone is judged
+
+
+def _box_sum(a: np.ndarray, k: int) -> np.ndarray:
+    """Sum over the k x k tiles around each tile (edges padded with the edge tiles)."""
+    r = k // 2
+    c = np.pad(a, ((r + 1, r), (r + 1, r)) + ((0, 0),) * (a.ndim - 2), mode="edge").cumsum(0).cumsum(1)
+    return c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]
+
+
+def normalise_ground(grey: np.ndarray) -> np.ndarray:
+    """The page with its ground made white and its ink dark, whatever their tones: text on a grey
+    table header, white text on a dark title bar, coloured slide blocks. A tile's ground is the most
+    common tone of the 5 x 5 tiles around it (80 px: no letter stroke fills that much), or its own
+    tone where it and most of its neighbours are one flat tone (a thin band of colour). A pixel's
+    ink is its distance from its tile's ground, scaled by the contrast that ground leaves room
+    for; a pixel in the tone of a neighbouring tile's ground (a band's edge
+    reaching into the tile) is ground. A plain white page comes back nearly unchanged."""
+    h, w = grey.shape
+    t = GROUND_TILE
+    th, tw = -(-h // t), -(-w // t)
+    padded = np.pad(grey, ((0, th * t - h), (0, tw * t - w)), mode="edge")
+    bins = (padded.reshape(th, t, tw, t).transpose(0, 2, 1, 3).reshape(th * tw, t * t) >> 3).astype(np.int64)
+    hist = np.zeros((th * tw, 32), np.int32)
+    np.add.at(hist, (np.repeat(np.arange(th * tw), t * t), bins.ravel()), 1)
+    hist = hist.reshape(th, tw, 32)
+    wide = _box_sum(hist, 5).argmax(-1)  # [th, tw] mode bin of the 80-px neighbourhood
+    own = hist.argmax(-1)
+    flat = hist.max(-1) >= 0.6 * t * t  # one tone covers the tile
+    agree = np.zeros((th, tw), np.int32)
+    po, pf = np.pad(own, 1, mode="edge"), np.pad(flat, 1, mode="edge")
+    for dy in (0, 1, 2):
+        for dx in (0, 1, 2):
+            agree += pf[dy:dy + th, dx:dx + tw] & (np.abs(po[dy:dy + th, dx:dx + tw] - own) <= 2)
+    ground = (np.where(flat & (agree >= 5), own, wide) * 8 + 4).astype(np.int16)
+    g = np.pad(ground, 1, mode="edge")
+    px = padded.astype(np.int16)
+    mine = np.repeat(np.repeat(ground, t, 0), t, 1)
+    dist = np.abs(px - mine)
+    for dy in (0, 1, 2):  # a neighbour's ground reaching into the tile (a band's edge) is ground too
+        for dx in (0, 1, 2):
+            near = np.abs(px - np.repeat(np.repeat(g[dy:dy + th, dx:dx + tw], t, 0), t, 1))
+            np.copyto(dist, near, where=near <= 12)
+    room = np.maximum(mine, 255 - mine).astype(np.float32)
+    out = 255 - np.clip(dist * (255 / room), 0, 255)
+    return out[:h, :w].astype(np.uint8)
+
+
 def segment(grey: np.ndarray) -> tuple[list[Region], np.ndarray]:
-    """Text regions of a grey page [H, W] uint8 in reading order, and the page with its rules
-    painted over in the paper's tone (what line crops are cut from)."""
+    """Text regions of a grey page [H, W] uint8 in reading order, and the page as lines are cut
+    from it: light-on-dark areas turned over, rules painted over in the paper's tone."""
+    if grey.size and int(grey.max()) - int(grey.min()) >= 40:
+        grey = normalise_ground(grey)
     ink, rules = ink_mask(grey)
     clean = grey.copy()
     if rules.any():
@@ -125,20 +178,31 @@ def segment(grey: np.ndarray) -> tuple[list[Region], np.ndarray]:
 
 def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> None:
     ink = ctx.ink
-    # Columns first: a wide gap running through the whole block, with running text either side.
+    # Columns first: a gap running through the whole block, with running text either side. A gap
+    # about a line wide is a column gutter only where at least 3 lines stand on both sides (word
+    # spaces do not line up over several lines of running text); a wider one needs 2.
     cols = ink[y0:y1, x0:x1].any(axis=0)
-    for gs, ge in sorted(_gaps(cols, 2 * ctx.min_gap), key=lambda g: g[0] - g[1]):
+    for gs, ge in sorted(_gaps(cols, ctx.min_gap), key=lambda g: g[0] - g[1]):
         left, right = (x0, x0 + gs), (x0 + ge, x1)
-        if all(_is_text_column(ctx, y0, y1, a, b) for a, b in (left, right)):
+        lines = 2 if ge - gs >= 2 * ctx.min_gap else 3
+        if all(_is_text_column(ctx, y0, y1, a, b, lines) for a, b in (left, right)):
             for a, b in (left, right):
                 _shrink_and_recurse(ctx, y0, y1, a, b, out)
             return
-    # Then paragraphs: horizontal gaps clearly wider than the line spacing split blocks.
+    # Then sections: full-width blank bands at least a line high, each section cut again (two
+    # columns under a title, a footer under them).
+    sections = _sections(ctx, y0, y1, x0, x1)
+    if len(sections) > 1:
+        for s0, s1 in sections:
+            _shrink_and_recurse(ctx, s0, s1, x0, x1, out)
+        return
+    # What is left is a run of lines: paragraphs where the gap is clearly wider than the spacing.
     bands = _bands(ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
     bands = [b for band in bands for b in _split_tall(ctx, band, x0, x1)]
     block = out[-1].block + 1 if out else 0
+    row = out[-1].row + 1 if out else 0
     prev_end = None
-    for row, (b0, b1) in enumerate(bands):
+    for b0, b1 in bands:
         if prev_end is not None and b0 - prev_end > 1.2 * ctx.line_h:
             block += 1
         prev_end = b1
@@ -146,6 +210,21 @@ def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> 
             box = _tight(ctx, b0, b1, c0, c1)
             if box is not None:
                 out.append(Region(box, block, row))
+        row += 1
+
+
+def _sections(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int) -> list[tuple[int, int]]:
+    """The block cut at blank bands across its whole width clearly taller than line spacing (1.5
+    lines: more than a paragraph's gap, less than what sets a title or a footer apart)."""
+    rows = ctx.ink[y0:y1, x0:x1].any(axis=1)
+    starts, ends = _runs(~rows)
+    cuts = [(s, e) for s, e in zip(starts, ends) if e - s >= max(3.0, 1.5 * ctx.line_h) and s > 0 and e < rows.size]
+    edges, start = [], 0
+    for s, e in cuts:
+        edges.append((y0 + start, y0 + s))
+        start = e
+    edges.append((y0 + start, y1))
+    return edges
 
 
 def _shrink_and_recurse(ctx, y0, y1, x0, x1, out) -> None:
@@ -155,10 +234,10 @@ def _shrink_and_recurse(ctx, y0, y1, x0, x1, out) -> None:
         _block(ctx, y0 + int(ys[0]), y0 + int(ys[-1]) + 1, x0 + int(xs[0]), x0 + int(xs[-1]) + 1, out)
 
 
-def _is_text_column(ctx: _Ctx, y0, y1, x0, x1) -> bool:
-    """At least two lines, most of them long (running text, not table cells)."""
+def _is_text_column(ctx: _Ctx, y0, y1, x0, x1, min_lines: int = 2) -> bool:
+    """At least `min_lines` lines, most of them long (running text, not table cells)."""
     bands = _bands(ctx.ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
-    if len(bands) < 2:
+    if len(bands) < min_lines:
         return False
     widths = []
     for b0, b1 in bands:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine.threads import last_stage_alone
 from .render_pool import RenderPool
-from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions
+from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
 END = object()  # end of a stage's stream
 POLL = 0.1  # seconds: how often a blocked stage looks at `stop`
@@ -37,7 +37,7 @@ class _Page:
 @dataclass
 class _Active:
     page: _Page
-    seq: Any
+    seq: Seq | None
     steps: int = 0
 
 
@@ -151,9 +151,9 @@ class Stages:
 
     def _cpu_loop(self) -> None:
         """Continuous batching: keep up to batch_size sequences; a page joins as soon as its
-        prefill is done and a slot is free, and leaves as soon as it is finished. With an engine
-        that prefills in chunks (start_prefill / prefill_step), a joining page's prompt goes one
-        chunk per decode step, so the pages already decoding never wait for a whole prompt."""
+        prefill is done and a slot is free, and leaves as soon as it is finished. A joining page's
+        prompt goes one chunk (prefill_steps) per decode step, so the pages already decoding never
+        wait for a whole prompt."""
         source = self.features_q if self.options.overlap else self.render_q
         active: list[_Active] = []
         joining: _Active | None = None  # the page whose prompt is being prefilled
@@ -191,6 +191,7 @@ class Stages:
                 self.engine.decode_step([a.seq for a in active])
             except Exception as e:  # noqa: BLE001 - cannot tell which page: fail this batch
                 for a in active:
+                    a.seq.close()
                     self._fail(a.page, f"decode step failed: {type(e).__name__}: {e}")
                 active = []
                 continue
@@ -202,22 +203,22 @@ class Stages:
                 if a.seq.finished:
                     self._emit(a)
                 elif self._late(a.page):
-                    pass  # leaves the batch; its KV cache goes with it
+                    a.seq.close()  # leaves the batch; its KV cache goes with it
                 elif a.steps > (a.page.task.sampling or self.options.sampling).max_tokens + 8:
+                    a.seq.close()
                     self._fail(a.page, f"the engine did not stop the sequence after {a.steps} steps")
                 else:
                     still.append(a)
             active = still
+        for a in active + ([joining] if joining is not None and joining.seq is not None else []):
+            a.seq.close()  # stopped: nothing will decode these again
 
     def _join(self, page: _Page) -> _Active | None:
-        """A page's new sequence: its prompt still to prefill (chunked engines), or prefilled."""
+        """A page's new sequence, its prompt still to prefill."""
         sampling = page.task.sampling or self.options.sampling
         t0 = time.perf_counter()
         try:
-            if hasattr(self.engine, "start_prefill"):
-                seq = self.engine.start_prefill(page.payload, sampling)
-            else:
-                seq = self.engine.prefill(page.payload, sampling)
+            seq = self.engine.start_prefill(page.payload, sampling)
         except Exception as e:  # noqa: BLE001
             page.seconds["prefill"] += time.perf_counter() - t0
             self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
@@ -229,23 +230,26 @@ class Stages:
         """One prefill chunk of a joining page; False while more of its prompt remains. Done
         with j.seq None: the page failed (prefill error or timeout)."""
         page = j.page
-        if getattr(j.seq, "prefilling", False):
+        if j.seq.prefilling:
             t0 = time.perf_counter()
             try:
-                done = self.engine.prefill_step(j.seq)
+                self.engine.prefill_steps([j.seq])
             except Exception as e:  # noqa: BLE001
                 page.seconds["prefill"] += time.perf_counter() - t0
+                j.seq.close()
                 self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
                 j.seq = None
                 return True
             page.seconds["prefill"] += time.perf_counter() - t0
-            if not done:
+            if j.seq.prefilling:
                 if self._late(page):
+                    j.seq.close()
                     j.seq = None
                     return True
                 return False
         page.payload = None  # the features live on in the KV cache only
         if not j.seq.finished and self._late(page):
+            j.seq.close()
             j.seq = None
         return True
 

@@ -1,7 +1,8 @@
 """The contract between the pipeline, the engine and the CLI: protocols and plain data.
 
-The engine implements `PageEngine` / `Seq`; the CLI builds `PipelineOptions` and reads
-`RunSummary`. Nothing here does work, so every module can import it cheaply.
+The engine implements `PageEngine` / `Seq`; the CLI builds `PipelineOptions` (declared in the
+options table, options.py) and reads `RunSummary`. Nothing here does work, so every module can
+import it cheaply.
 """
 
 from __future__ import annotations
@@ -12,38 +13,53 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
-from ..engine.sampling import SamplingOptions
-from ..errors import ExitCode, UsageError, path_text, run_exit_code
+from ..engine.models.reader import ReadingHints
+from ..errors import ExitCode, path_text, run_exit_code
+from ..options import FORMATS, MAX_LONGEST_EDGE, SEGMENT_MODES, PipelineOptions, SamplingOptions
 from .inputs import Document
 
-FORMATS = ("md", "jsonl", "txt")
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds
-MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
 TEXT_LAYER = "text-layer"  # finish_reason of a failed page whose text is the PDF's own text layer
 
 
 @runtime_checkable
 class Seq(Protocol):
-    """One page being decoded; owns its KV cache and position."""
+    """One page being decoded; owns its decode state (KV cache and position) until it finishes
+    or is closed."""
 
     finished: bool
-    finish_reason: str | None  # "eos" | "max_tokens" | "repetition"
-    n_tokens: int  # generated tokens so far
+    finish_reason: str | None  # "eos" | "max_tokens" | "repetition" (| "blank": a page with no text regions)
+    n_tokens: int  # generated so far
+    prefilling: bool  # part of its prompt is still to be prefilled (start_prefill / prefill_steps)
 
     def text(self) -> str: ...
+
+    def close(self) -> None:
+        """Free its decode state now (idempotent): the page failed, timed out or was abandoned.
+        A finished sequence has freed it already."""
+        ...
 
 
 @runtime_checkable
 class PageEngine(Protocol):
-    longest_edge: int  # render target, 1540 for LightOnOCR
+    """What the pipeline (stages.py) and the benchmarks call, all of it: engines and their wrappers
+    (regions.SegmentedEngine, bench.pages.TimedEngine) implement every member."""
+
+    longest_edge: int  # pages are rendered at this longest edge (px)
+    hints: ReadingHints  # how the model wants its pages cut (segment mode, line height, ...)
 
     def vision(self, image: Image.Image) -> Any:
         """Vision stage: preprocess + encoder + projector. Runs on its own thread, concurrently
-        with prefill/decode_step (which always run on one other thread)."""
+        with the CPU stage's calls (which always run on one other thread)."""
         ...
 
-    def prefill(self, features: Any, sampling: SamplingOptions) -> Seq:
-        """CPU stage: prompt + image features -> a new sequence (may already be finished)."""
+    def start_prefill(self, features: Any, sampling: SamplingOptions) -> Seq:
+        """CPU stage: a new sequence for a page's features, its prompt not yet prefilled; cheap."""
+        ...
+
+    def prefill_steps(self, seqs: list[Seq]) -> None:
+        """CPU stage: the next chunk of each sequence's prompt; a sequence whose prompt is done
+        has chosen its first token (and may be finished already)."""
         ...
 
     def decode_step(self, seqs: list[Seq]) -> None:
@@ -84,50 +100,6 @@ class PageResult:
     def from_text_layer(self) -> bool:
         """The OCR failed (`error` says why) and `text` is the PDF's own text layer instead."""
         return self.finish_reason == TEXT_LAYER
-
-
-SEGMENT_MODES = ("page", "blocks", "lines")
-
-
-@dataclass(frozen=True)
-class PipelineOptions:
-    out_dir: Path
-    formats: tuple[str, ...] = ("md",)  # the first one is written last: its presence = done
-    page_files: bool = False  # also <stem>/page-0001.md per page
-    overwrite: bool = False  # else documents whose outputs exist are skipped
-    pages: str | None = None  # '1-3,7' applied to every document (clipped to its length)
-    password: str | None = None  # for encrypted PDFs; ignored by others
-    sampling: SamplingOptions = SamplingOptions()
-    batch_size: int = 4  # sequences decoded together
-    overlap: bool = True  # vision on its own thread; False = vision then CPU, per page
-    render_workers: int = 2
-    render_timeout: float | None = 120.0  # seconds before a stuck render is killed
-    page_timeout: float | None = None  # engine seconds per page (vision + prefill + decode), then it fails: "timeout"
-    text_fallback: bool = True  # a PDF page whose OCR failed takes the PDF's own text layer, if it has one
-    render_queue: int = 4  # rendered pages waiting for the vision stage
-    features_queue: int = 2  # encoded pages waiting for a decode slot
-    longest_edge: int | None = None  # None: the engine's
-    # page: the model reads whole pages; blocks / lines: pages are cut into text regions, each
-    # read as its own sequence (regions.py). None: what the model's GGUF asks for.
-    segment: str | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "out_dir", Path(self.out_dir))
-        object.__setattr__(self, "formats", tuple(self.formats))
-        bad = [f for f in self.formats if f not in FORMATS]
-        if bad or not self.formats or len(set(self.formats)) != len(self.formats):
-            raise UsageError(f"output formats must be distinct values of {', '.join(FORMATS)} (got {', '.join(self.formats)})")
-        for name in ("batch_size", "render_workers", "render_queue", "features_queue"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.page_timeout is not None and not 0 < self.page_timeout < float("inf"):
-            raise UsageError(f"page_timeout must be a positive number of seconds (got {self.page_timeout})")
-        if self.longest_edge is not None and self.longest_edge > MAX_LONGEST_EDGE:
-            raise UsageError(f"longest_edge must be at most {MAX_LONGEST_EDGE} px (got {self.longest_edge})")
-        if self.longest_edge is not None and self.longest_edge < 64:
-            raise UsageError(f"longest_edge must be at least 64 px (got {self.longest_edge})")
-        if self.segment is not None and self.segment not in SEGMENT_MODES:
-            raise UsageError(f"segment must be one of {', '.join(SEGMENT_MODES)} (got {self.segment})")
 
 
 @dataclass(frozen=True)
@@ -183,3 +155,7 @@ class RunSummary:
         wrote = any(d.status in ("written", "partial") for d in self.documents)
         unwritten = any(d.status == "unwritten" for d in self.documents)
         return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten)
+
+
+__all__ = ["FORMATS", "MAX_LONGEST_EDGE", "SEGMENT_MODES", "STAGES", "TEXT_LAYER", "DocStatus", "DocumentOutcome",
+           "PageEngine", "PageFailure", "PageResult", "PageTask", "PipelineOptions", "Progress", "RunSummary", "Seq"]

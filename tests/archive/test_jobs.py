@@ -61,7 +61,7 @@ def rows(job: Path, sql: str, *args) -> list[tuple]:
 @pytest.mark.parametrize("text, message", [
     ('output = "out"\n', "inputs: required key is missing"),
     ('inputs = ["in"]\noutput = "out"\nouptut = "x"\n', "unknown key 'ouptut' (did you mean 'output'?)"),
-    ('inputs = ["in"]\noutput = "out"\n[ocr]\nbatch_size = "8"\n', 'ocr.batch_size: must be an integer >= 1 (got "8")'),
+    ('inputs = ["in"]\noutput = "out"\n[ocr]\nbatch_size = "8"\n', 'ocr.batch_size: must be an integer >= 1 and <= 256 (got "8")'),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\nbach_size = 8\n', "unknown key 'ocr.bach_size' (did you mean 'ocr.batch_size'?)"),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\nformats = ["md", "html"]\n', "ocr.formats: values must be among 'md', 'jsonl', 'txt'"),
     ('inputs = ["in"]\noutput = "out"\n[ocr]\npages = "3-1"\n', "ocr.pages: bad page range '3-1'"),
@@ -93,7 +93,7 @@ def test_job_file_defaults_and_relative_paths(tmp_path):
     spec = load_job(job)
     assert spec.name == "scans" and spec.inputs == (str(tmp_path / "jobs" / ".." / "in"),)
     assert spec.state == job.parent / "scans.sqlite" and spec.reports == job.parent / "scans-reports"
-    assert spec.model["text"] == job.parent / "m" / "t.gguf"
+    assert spec.model.text == job.parent / "m" / "t.gguf"
     assert [(s.temperature, s.seed) for s in map(spec.sampling, (1, 2, 3, 4))] == [(0.0, 0), (0.3, 1), (0.3, 2), (0.3, 3)]
     assert spec.pipeline_options().segment is None  # the model's own default
     job.write_text('inputs = "../in"\noutput = "../out"\n[ocr]\nsegment = "lines"\n')

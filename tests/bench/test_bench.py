@@ -121,7 +121,7 @@ def test_random_lightonocr_names_and_dtypes_match_the_converter():
     """The generator's tensor list = the converter's (the tiny fixture), layer for layer."""
     from gguf import GGMLQuantizationType as Q
 
-    from pantheon_ocr.engine.gguf import open_gguf
+    from pantheon_ocr.engine.format.gguf import open_gguf
 
     mod = _script()
     for specs, path in ((mod.text_specs(2, Q.BF16), TEXT), (mod.vision_specs(3, Q.BF16), MMPROJ)):
@@ -144,7 +144,7 @@ def test_random_lightonocr_pair_loads_and_runs(tmp_path, monkeypatch, dtype):
     """Written at reduced widths (the real vocabulary stays), the pair loads and runs finite,
     with the fixture's metadata keys."""
     from pantheon_ocr.engine import load_vlm
-    from pantheon_ocr.engine.gguf import open_gguf
+    from pantheon_ocr.engine.format.gguf import open_gguf
 
     mod = _script()
     monkeypatch.setattr(mod, "TEXT", {**mod.TEXT, "n_embd": 64, "n_ff": 128, "n_head": 4, "n_head_kv": 2,

@@ -68,8 +68,8 @@ def test_auto_on_macos_prefers_coreml(monkeypatch):
 
 
 @pytest.mark.parametrize("args,error,match", [
-    (("bogus",), UsageError, "unknown vision backend"),
-    (("numpy", None, "int8"), UsageError, "unknown vision dtype"),
+    (("bogus",), UsageError, "vision_backend 'bogus': unknown"),
+    (("numpy", None, "int8"), UsageError, "vision_dtype 'int8': unknown"),
     (("numpy", "cuda"), UsageError, "CPU only"),
     (("numpy", None, "bfloat16"), UsageError, "float32 only"),
     (("coreml", None, "bfloat16"), UsageError, "not bfloat16"),

@@ -9,6 +9,7 @@ from pantheon_ocr.engine import load_model
 from pantheon_ocr.engine.batch import BatchUnsupported, batch_logits, forward_batch
 
 from .conftest import LIGHTONOCR_TEXT, smollm2_or_skip
+from .kv import keys
 
 
 def sequential(decoder, prompt, n):
@@ -88,12 +89,12 @@ def test_moe_refuses_without_changing_state(tmp_path):
     states = [d.new_state(16), d.new_state(16)]
     d.forward(states[0], [1, 2, 3])
     d.forward(states[1], [4, 5])
-    before = [(s.pos, [k.copy() for k in s.cache.k]) for s in states]
+    before = [(s.pos, [k.copy() for k in keys(s.cache)]) for s in states]
     with pytest.raises(BatchUnsupported):
         forward_batch(d, states, [6, 7])
     for s, (pos, ks) in zip(states, before):
         assert s.pos == pos
-        assert all(np.array_equal(a, b) for a, b in zip(s.cache.k, ks))
+        assert all(np.array_equal(a, b) for a, b in zip(keys(s.cache), ks))
     # The fallback gives the per-sequence result.
     ref = [d.forward(_replay(d, [1, 2, 3]), [6])[0], d.forward(_replay(d, [4, 5]), [7])[0]]
     np.testing.assert_allclose(batch_logits(d, states, [6, 7]), np.stack(ref), atol=1e-5)

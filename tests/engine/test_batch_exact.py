@@ -28,12 +28,15 @@ def pick(logits, stream, no_repeat):
     return int(np.argmax(logits))
 
 
-def run_exact(decoder, prompts, joins, steps, leaves=None, no_repeat=False, check=None):
+def run_exact(decoder, prompts, joins, steps, leaves=None, no_repeat=False, check=None, pool=None):
     """Continuous batching with a solo twin per sequence; returns the greedy streams. Sequence b
     is prefilled at step joins[b], decodes `steps` tokens, and leaves early at leaves[b] if given.
     Asserts every batched logits row of the sequences in `check` (default: all) equals its twin's,
-    bit for bit; the others ride along in the batch (real models: twins cost a forward each)."""
+    bit for bit; the others ride along in the batch (real models: twins cost a forward each).
+    Every state is a slot of one KV pool (`pool`, default a new float32 one), as in a page engine:
+    the batch's padded decode attention runs over slots its twins share."""
     leaves = leaves or [steps] * len(prompts)
+    pool = decoder.new_pool() if pool is None else pool
     check = set(range(len(prompts)) if check is None else check)
     batch_st, solo_st, streams = {}, {}, {b: [] for b in range(len(prompts))}
     step = 0
@@ -41,10 +44,10 @@ def run_exact(decoder, prompts, joins, steps, leaves=None, no_repeat=False, chec
         for b, j in enumerate(joins):
             if j == step:
                 n = len(prompts[b]) + steps + 1
-                batch_st[b] = decoder.new_state(n)
+                batch_st[b] = decoder.new_state(n, pool)
                 first = decoder.forward(batch_st[b], prompts[b])[-1]
                 if b in check:
-                    solo_st[b] = decoder.new_state(n)
+                    solo_st[b] = decoder.new_state(n, pool)
                     assert np.array_equal(first, decoder.forward(solo_st[b], prompts[b])[-1])
                 streams[b].append(pick(first, streams[b], no_repeat))
         live = sorted(batch_st)
@@ -60,8 +63,9 @@ def run_exact(decoder, prompts, joins, steps, leaves=None, no_repeat=False, chec
                 streams[b].append(pick(row, streams[b], no_repeat))
             for b in live:
                 if len(streams[b]) > min(steps, leaves[b]):
-                    del batch_st[b]
-                    solo_st.pop(b, None)
+                    batch_st.pop(b).release()
+                    if b in solo_st:
+                        solo_st.pop(b).release()
         step += 1
     return [streams[b] for b in range(len(prompts))]
 
@@ -135,9 +139,9 @@ def test_tiny_archs_batch_rows_are_exact(tmp_path, arch, weights):
 def test_kv_float16_batch_rows_are_exact():
     """The float16 KV pool keeps the promise too (its rows differ from float32's, not from each other)."""
     model = load_model(LIGHTONOCR_TEXT, weights="f32")
-    model.decoder.set_kv_dtype(np.float16)
     prompts = _prompts(model.config.n_vocab, 7, seed=5)
-    assert_varied(run_exact(model.decoder, prompts, _joins(7, 5), steps=6, no_repeat=True))
+    assert_varied(run_exact(model.decoder, prompts, _joins(7, 5), steps=6, no_repeat=True,
+                            pool=model.decoder.new_pool(np.float16)))
 
 
 def test_long_prompts_grow_the_pool_while_others_decode():
@@ -153,7 +157,8 @@ def test_slot_reuse_after_a_sequence_leaves():
     """A slot freed by a finished sequence is zeroed and reused; its neighbours are unaffected."""
     model = load_model(LIGHTONOCR_TEXT, weights="f32")
     d = model.decoder
+    pool = d.new_pool()
     prompts = _prompts(model.config.n_vocab, 6, seed=9)
-    run_exact(d, prompts[:3], [0, 0, 0], steps=3)  # their states are gone: slots free again
-    assert d.kv_pool._free  # noqa: SLF001 - the released slots wait for reuse
-    run_exact(d, prompts[3:], [0, 1, 1], steps=4)
+    run_exact(d, prompts[:3], [0, 0, 0], steps=3, pool=pool)  # their states are released: slots free again
+    assert pool._free  # noqa: SLF001 - the released slots wait for reuse
+    run_exact(d, prompts[3:], [0, 1, 1], steps=4, pool=pool)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pantheon_ocr.engine.catalog import KNOWN, ModelRef, local_pair, parse_name, pick_pair, quant_of
+from pantheon_ocr.modelfiles.catalog import KNOWN, ModelRef, local_pair, parse_name, pick_pair, quant_of
 from pantheon_ocr.errors import ModelError, UsageError
 
 # The files the LightOnOCR-2-1B GGUF repos list (their model cards; see engine/catalog.py)

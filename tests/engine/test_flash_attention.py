@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pantheon_ocr.engine.attention import (cached_attention, decode_attention, flash_attention, naive_attention,
-                                           padded_decode_attention)
+from pantheon_ocr.engine.attention import TowerOptions, flash_attention, naive_attention, padded_decode_attention
 from pantheon_ocr.engine.cache import KVCache
+
+from .kv import decode_attention, held, keys
 
 TOL = 1e-5
 
@@ -62,16 +63,15 @@ def test_sliding_window(window, prefix, t):
 
 
 @pytest.mark.parametrize("q_block,kv_block", [(1, 1), (7, 16), (32, 256), (64, 33), (1024, 1024)])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_block_sizes_and_threads(q_block, kv_block, threads):
-    rng = np.random.default_rng(q_block * 31 + kv_block + threads)
+def test_block_sizes(q_block, kv_block):
+    rng = np.random.default_rng(q_block * 31 + kv_block + 1)
     hkv, group, t, d = 3, 2, 129, 8
     q, k, v = _qkv(rng, hkv, group, t, t, d)
     pos = np.arange(t)
     for causal, window in ((True, 0), (False, 0), (True, 20)):
         ref = naive_attention(q, k, v, pos, pos, scale=0.3, causal=causal, window=window)
         out = flash_attention(q, k, v, pos, pos, scale=0.3, causal=causal, window=window,
-                              q_block=q_block, kv_block=kv_block, threads=threads)
+                              q_block=q_block, kv_block=kv_block)
         _close(out, ref)
 
 
@@ -98,11 +98,12 @@ def test_decode_attention_equals_naive_last_row(group, n):
 
 
 def _run_chunks(cache: KVCache, chunks, q, k, v, window: int, flash: bool = True) -> np.ndarray:
-    """Feed the sequence through cached_attention chunk by chunk; return [Hq, L, D]."""
+    """Feed the sequence through the cache's attention chunk by chunk; return [Hq, L, D]."""
     out, pos = [], 0
+    tower = TowerOptions(attention="flash" if flash else "naive")
     for n in chunks:
-        out.append(cached_attention(cache, 0, pos, q[:, pos:pos + n], k[:, pos:pos + n], v[:, pos:pos + n],
-                                    scale=q.shape[-1] ** -0.5, window=window, flash=flash))
+        out.append(cache.attend_chunk(0, pos, q[:, pos:pos + n], k[:, pos:pos + n], v[:, pos:pos + n],
+                                      scale=q.shape[-1] ** -0.5, window=window, tower=tower))
         pos += n
     return np.concatenate(out, axis=1)
 
@@ -120,7 +121,7 @@ CHUNKS = [
 @pytest.mark.parametrize("flash", [True, False])
 def test_ring_cache_equals_full_window_mask(chunks, window, flash):
     """A ring KV cache of `window` slots, fed in chunks, equals naive attention over the whole
-    sequence with the sliding-window mask (the wrap-around path of cached_attention)."""
+    sequence with the sliding-window mask (the wrap-around path of KVCache.attend_chunk)."""
     rng = np.random.default_rng(len(chunks) * 1000 + window)
     hkv, group, d = 2, 2, 16
     total = sum(chunks)
@@ -148,20 +149,20 @@ def test_kv_cache_growth_keeps_contents():
     rng = np.random.default_rng(3)
     hkv, d, max_seq = 2, 4, 1000
     cache = KVCache(n_layer=2, n_kv=hkv, head_dim=d, max_seq=max_seq, ring=False)
-    assert cache.k[0].shape[1] == 256  # starts small
+    assert keys(cache)[0].shape[1] == 256  # starts small
     k = rng.standard_normal((hkv, max_seq, d), dtype=np.float32)
     v = rng.standard_normal((hkv, max_seq, d), dtype=np.float32)
     caps, pos = [], 0
     for n in (100, 156, 1, 300, 43, 400):  # crosses 256 and 512, ends exactly at max_seq
         cache.write(1, pos, k[:, pos:pos + n], v[:, pos:pos + n])
         pos += n
-        caps.append(cache.k[1].shape[1])
+        caps.append(keys(cache)[1].shape[1])
         kk, vv, p = cache.read(1, pos)
         np.testing.assert_array_equal(kk, k[:, :pos])
         np.testing.assert_array_equal(vv, v[:, :pos])
         np.testing.assert_array_equal(p, np.arange(pos))
     assert caps == sorted(caps) and caps[-1] == 1024  # grows in whole KV blocks, never past max_seq's
-    assert cache.k[0].shape[1] == 256  # layers grow independently
+    assert keys(cache)[0].shape[1] == 256  # layers grow independently
     with pytest.raises(ValueError, match="exceeds the context"):
         cache.write(1, pos, k[:, :1], v[:, :1])
 
@@ -176,8 +177,8 @@ def test_ring_cache_slots_and_read_order():
         kk, _, pos = cache.read(0, p + 1)
         np.testing.assert_array_equal(pos, np.arange(max(0, p + 1 - w), p + 1))
         np.testing.assert_array_equal(kk[0, :, 0], vals[pos])  # ascending positions
-        held, _ = cache.slots(0, p + 1)
-        assert sorted(held[0, :, 0].tolist()) == vals[pos].tolist()
+        slot_keys, _ = held(cache, 0, p + 1)
+        assert sorted(slot_keys[0, :, 0].tolist()) == vals[pos].tolist()
     # a chunk longer than the window keeps only its last `w` positions
     big = np.arange(100, 130, dtype=np.float32)[None, :, None].repeat(d, axis=2)
     cache.write(0, 20, big, big)

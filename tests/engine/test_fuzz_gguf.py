@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pantheon_ocr.engine.gguf import open_gguf
+from pantheon_ocr.engine.format.gguf import open_gguf
 from pantheon_ocr.engine.loader import load_model
 from pantheon_ocr.engine.models.lightonocr import check_mmproj
 from pantheon_ocr.errors import ExitCode, ModelError

@@ -20,7 +20,7 @@ from pantheon_ocr.engine.backends import BackendUnavailable  # noqa: E402
 from pantheon_ocr.engine.backends.device import DeviceWeight, GpuSwitches, mirror_decoder  # noqa: E402
 from pantheon_ocr.engine.batch import batch_logits  # noqa: E402
 from pantheon_ocr.engine.page_engine import OCREngine  # noqa: E402
-from pantheon_ocr.engine.weights import Weight  # noqa: E402
+from pantheon_ocr.engine.format.weights import Weight  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 
 from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
@@ -59,7 +59,7 @@ def test_mirror_uploads_once_and_leaves_the_decoder_alone():
 
 
 def test_unavailable_device_is_one_line():
-    with pytest.raises(BackendUnavailable, match="--device cuda"):
+    with pytest.raises(BackendUnavailable, match="device cuda"):
         GpuSwitches(vlm().decoder, decode=True, device="cuda")
 
 

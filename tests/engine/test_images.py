@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pantheon_ocr.engine.images import to_rgb
-from pantheon_ocr.engine.preprocess import load_image
+from pantheon_ocr.engine.image.images import to_rgb
+from pantheon_ocr.engine.image.preprocess import load_image
 from pantheon_ocr.pipeline.inputs import make_document
 from pantheon_ocr.pipeline.render import render_page
 

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from pantheon_ocr.engine.ops import apply_rope, erf, gelu_erf, rmsnorm, rope_angles, rope_freqs, silu
-from pantheon_ocr.engine.weights import Weight, dequantize
+from pantheon_ocr.engine.format.weights import Weight, dequantize
 
 RNG = np.random.default_rng(0)
 
@@ -86,7 +86,7 @@ def test_dequantize_k_quants_matches_gguf(qtype):
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q4_1, Q.Q8_0])
 def test_weight_storage_modes_agree(qtype, monkeypatch):
-    import pantheon_ocr.engine.weights as weights
+    import pantheon_ocr.engine.format.weights as weights
 
     monkeypatch.setattr(weights, "PANEL_BYTES", 64 * 4 * 5)  # panels of 16 rows: several per matmul
     w = RNG.standard_normal((70, 64)).astype(np.float32)

@@ -15,12 +15,12 @@ from PIL import Image
 from pantheon_ocr.engine import load_vlm
 from pantheon_ocr.engine.page_engine import OCREngine
 from pantheon_ocr.engine.sampling import SamplingOptions
-from pantheon_ocr.engine.attention import flash_attention, naive_attention
-from pantheon_ocr.engine.gguf import open_gguf
+from pantheon_ocr.engine.attention import TowerOptions, flash_attention, naive_attention
+from pantheon_ocr.engine.format.gguf import open_gguf
 from pantheon_ocr.engine.models.lightonocr import merge_patches
-from pantheon_ocr.engine.models.pixtral import vision_config
+from pantheon_ocr.engine.models.pixtral import PixtralVision, vision_config
 from pantheon_ocr.engine.ops import rope_angles_2d
-from pantheon_ocr.engine.preprocess import preprocess, target_size
+from pantheon_ocr.engine.image.preprocess import preprocess, target_size
 from pantheon_ocr.errors import InputError, ModelError
 
 from .stage_dump import stage_dump
@@ -145,15 +145,9 @@ def test_blocked_vision_attention_equals_naive():
 def test_vision_encoder_blocked_equals_naive(name):
     vlm = model("f32")
     px = vlm.preprocess(FIX / "images" / f"{name}.png")
-    vision = vlm.vision
-    saved = vision.blocked, vision.q_block, vision.kv_block
-    try:
-        vision.blocked, vision.q_block, vision.kv_block = True, 16, 32  # many tiles on a small image
-        blocked, grid = vision.forward(px)
-        vision.blocked = False
-        naive, grid2 = vision.forward(px)
-    finally:
-        vision.blocked, vision.q_block, vision.kv_block = saved
+    tiles = PixtralVision(vlm.mmproj, vlm.vision_config, "f32", TowerOptions(q_block=16, kv_block=32))  # many tiles
+    blocked, grid = tiles.forward(px)
+    naive, grid2 = PixtralVision(vlm.mmproj, vlm.vision_config, "f32", TowerOptions(attention="naive")).forward(px)
     assert grid == grid2
     assert rel_err(blocked, naive) <= 1e-5
 

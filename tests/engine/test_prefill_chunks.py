@@ -12,6 +12,7 @@ from pantheon_ocr.engine.page_engine import OCREngine
 from pantheon_ocr.engine.sampling import SamplingOptions
 
 from .conftest import LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT
+from .kv import keys
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_chunked_prefill_equals_whole_prompt(vlm, chunk):
     assert steps == -(-n_prompt // chunk) and not seq.prefilling
     assert seq.state.pos == ref.state.pos == n_prompt
     for layer in range(len(vlm.decoder.layers)):  # the same K/V, up to float rounding
-        np.testing.assert_allclose(seq.state.cache.k[layer][:, :n_prompt], ref.state.cache.k[layer][:, :n_prompt],
+        np.testing.assert_allclose(keys(seq.state.cache)[layer][:, :n_prompt], keys(ref.state.cache)[layer][:, :n_prompt],
                                    rtol=0, atol=2e-5)
     while not ref.finished:
         whole.decode_step([ref])

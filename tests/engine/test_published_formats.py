@@ -39,7 +39,7 @@ import pytest
 
 from pantheon_ocr.cli import main
 from pantheon_ocr.engine import load_vlm
-from pantheon_ocr.engine.gguf import open_gguf
+from pantheon_ocr.engine.format.gguf import open_gguf
 from pantheon_ocr.engine.page_engine import OCREngine
 from pantheon_ocr.engine.sampling import SamplingOptions
 from pantheon_ocr.errors import ModelError

@@ -14,8 +14,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from pantheon_ocr.engine.gguf import open_gguf
-from pantheon_ocr.engine.tokenizer import StreamDecoder, Tokenizer, load_tokenizer
+from pantheon_ocr.engine.format.gguf import open_gguf
+from pantheon_ocr.engine.text.tokenizer import StreamDecoder, Tokenizer, load_tokenizer
 from pantheon_ocr.errors import ModelError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -2,7 +2,8 @@
 
 Used by the engine tests (which read the GGUF files) and by
 ``scripts/make_reference_fixtures.py`` (which runs the same weights through transformers' own
-model classes). Needs only numpy and gguf.
+model classes). Needs numpy and gguf; the file is written by the engine's one GGUF writer
+(pantheon_ocr/engine/format/writer.py) with the names of format/names.py.
 
     hf_config, state_dict = make_tiny("mistral")
     write_gguf(tmp_path / "m.gguf", "mistral", hf_config, state_dict, dtype="Q8_0")
@@ -27,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from pantheon_ocr.engine.format import names as N
+from pantheon_ocr.engine.format import writer
+from pantheon_ocr.engine.format.writer import permute_qk, unpermute_qk  # noqa: F401  (tests use them from here)
 
 ARCHS = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
 
@@ -300,45 +306,32 @@ def make_input_ids(arch: str, n_tokens: int = 24, seed: int = 7) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's ``LlamaModel.permute``: HF split-half rotary rows -> interleaved pairs.
-
-    Works on weights ``(n_head*hd, n_in)`` and biases ``(n_head*hd,)``; pass n_kv for K.
-    """
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of :func:`permute_qk` (GGUF llama Q/K rows -> HF rows)."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 _LAYER_MAP = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # phi3: fused, rows Q then K then V
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight",  # phi3: fused, gate rows then up rows
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "input_layernorm.weight": N.ATTN_NORM,
+    "post_attention_layernorm.weight": N.FFN_NORM,
+    "self_attn.q_proj.weight": N.ATTN_Q,
+    "self_attn.q_proj.bias": N.ATTN_Q_BIAS,
+    "self_attn.k_proj.weight": N.ATTN_K,
+    "self_attn.k_proj.bias": N.ATTN_K_BIAS,
+    "self_attn.v_proj.weight": N.ATTN_V,
+    "self_attn.v_proj.bias": N.ATTN_V_BIAS,
+    "self_attn.o_proj.weight": N.ATTN_OUTPUT,
+    "self_attn.q_norm.weight": N.ATTN_Q_NORM,
+    "self_attn.k_norm.weight": N.ATTN_K_NORM,
+    "self_attn.qkv_proj.weight": N.ATTN_QKV,  # phi3: fused, rows Q then K then V
+    "mlp.gate_proj.weight": N.FFN_GATE,
+    "mlp.up_proj.weight": N.FFN_UP,
+    "mlp.gate_up_proj.weight": N.FFN_UP,  # phi3: fused, gate rows then up rows
+    "mlp.down_proj.weight": N.FFN_DOWN,
+    "block_sparse_moe.gate.weight": N.FFN_GATE_INP,
 }
 _TOP_MAP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
+    "model.embed_tokens.weight": N.TOKEN_EMBD,
+    "model.norm.weight": N.OUTPUT_NORM,
+    "lm_head.weight": N.OUTPUT,
 }
-_EXPERT_MERGED = {"w1": "ffn_gate_exps", "w2": "ffn_down_exps", "w3": "ffn_up_exps"}
-_EXPERT_SPLIT = {"w1": "ffn_gate", "w2": "ffn_down", "w3": "ffn_up"}
+_EXPERT_MERGED = {"w1": N.FFN_GATE_EXPS, "w2": N.FFN_DOWN_EXPS, "w3": N.FFN_UP_EXPS}
+_EXPERT_SPLIT = {"w1": N.FFN_GATE, "w2": N.FFN_DOWN, "w3": N.FFN_UP}
 
 
 def gguf_tensors(
@@ -378,16 +371,16 @@ def gguf_tensors(
             arr = permute_qk(arr, n_kv)
         if local not in _LAYER_MAP:
             raise ValueError(f"no GGUF name for {name!r}")
-        out[f"blk.{bid}.{_LAYER_MAP[local]}"] = arr
+        out[N.blk(bid, _LAYER_MAP[local])] = arr
     n_exp = hf_config.get("num_local_experts")
     for (bid, wid), per in sorted(pending.items()):
         if sorted(per) != list(range(n_exp)):
             raise ValueError(f"layer {bid} {wid}: experts {sorted(per)} != 0..{n_exp - 1}")
         if experts == "merged":
-            out[f"blk.{bid}.{_EXPERT_MERGED[wid]}.weight"] = np.stack([per[e] for e in range(n_exp)])
+            out[N.blk(bid, _EXPERT_MERGED[wid])] = np.stack([per[e] for e in range(n_exp)])
         else:
             for e in range(n_exp):
-                out[f"blk.{bid}.{_EXPERT_SPLIT[wid]}.{e}.weight"] = per[e]
+                out[N.blk(bid, N.expert(_EXPERT_SPLIT[wid], e))] = per[e]
     return out
 
 
@@ -395,12 +388,9 @@ def storage_type(name: str, ndim: int, dtype: str) -> str:
     """The converter's per-tensor type rule for ``--outtype dtype`` (conversion/base.py)."""
     if ndim <= 1 or name.endswith("_norm.weight"):
         return "F32"
-    if ".ffn_gate_inp." in name or not name.endswith(".weight"):
+    if name.endswith("." + N.FFN_GATE_INP) or not name.endswith(".weight"):
         return "F32"  # MoE router and biases stay F32
     return dtype
-
-
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}  # gguf.LlamaFileType
 
 
 def _has_head_dim(arch: str, cfg: dict[str, Any]) -> bool:
@@ -425,95 +415,58 @@ def write_gguf(
       (u32), which is our engine's convention for Mistral-style SWA on the llama arch.
     - ``experts="split"`` writes the legacy per-expert names the current converter no longer emits.
     """
-    import gguf
-
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}")
-    path = Path(path)
     garch = GGUF_ARCH[arch]
     cfg = hf_config
-    qtypes = {name: gguf.GGMLQuantizationType[name] for name in DTYPES}
-
-    w = gguf.GGUFWriter(str(path), garch)
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"tiny-{arch}")
-
     n_embd = cfg["hidden_size"]
     n_head = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads") or n_head
     hd = head_dim_of(cfg)
+    key = lambda name: N.arch_key(garch, name)  # noqa: E731
+    meta = writer.general_metadata(N.TYPE_MODEL, f"tiny-{arch}")
     if garch == "phi3":
         # conversion/phi.py Phi3MiniModel.set_gguf_parameters (no call to the common writer)
         rot_pct = cfg.get("partial_rotary_factor", 1.0)
-        w.add_context_length(cfg["max_position_embeddings"])
-        w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
-        w.add_embedding_length(n_embd)
-        w.add_feed_forward_length(cfg["intermediate_size"])
-        w.add_block_count(cfg["num_hidden_layers"])
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_kv)
-        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-        w.add_rope_dimension_count(int(rot_pct * n_embd) // n_head)
-        w.add_rope_freq_base(cfg["rope_theta"])
-        w.add_file_type(_FILE_TYPE[dtype])
-        # 0 when config has none: llama.cpp then runs Phi-3 with full causal attention
-        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        meta |= {
+            key(N.CONTEXT_LENGTH): cfg["max_position_embeddings"],
+            key(N.ROPE_SCALING_ORIG_CTX): cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]),
+            key(N.EMBEDDING_LENGTH): n_embd, key(N.FEED_FORWARD_LENGTH): cfg["intermediate_size"],
+            key(N.BLOCK_COUNT): cfg["num_hidden_layers"], key(N.HEAD_COUNT): n_head, key(N.HEAD_COUNT_KV): n_kv,
+            key(N.RMS_EPS): float(cfg["rms_norm_eps"]), key(N.ROPE_DIMENSION_COUNT): int(rot_pct * n_embd) // n_head,
+            key(N.ROPE_FREQ_BASE): float(cfg["rope_theta"]), N.FILE_TYPE: writer.FILE_TYPES[dtype],
+            # 0 when config has none: llama.cpp then runs Phi-3 with full causal attention
+            key(N.SLIDING_WINDOW): cfg.get("sliding_window") or 0,
+        }
     else:
         # conversion/base.py TextModel.set_gguf_parameters
-        w.add_block_count(cfg["num_hidden_layers"])
-        w.add_context_length(cfg["max_position_embeddings"])
-        w.add_embedding_length(n_embd)
-        w.add_feed_forward_length(cfg["intermediate_size"])
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_kv)
-        w.add_rope_freq_base(cfg["rope_theta"])
-        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-        if cfg.get("num_local_experts") is not None:
-            w.add_expert_count(cfg["num_local_experts"])
-        if cfg.get("num_experts_per_tok") is not None:
-            w.add_expert_used_count(cfg["num_experts_per_tok"])
-        if _has_head_dim(arch, cfg):
-            w.add_key_length(hd)
-            w.add_value_length(hd)
-        w.add_file_type(_FILE_TYPE[dtype])
+        meta |= writer.decoder_metadata(
+            garch, n_layer=cfg["num_hidden_layers"], n_ctx=cfg["max_position_embeddings"], n_embd=n_embd,
+            n_ff=cfg["intermediate_size"], n_head=n_head, n_head_kv=n_kv, rope_base=cfg["rope_theta"],
+            eps=cfg["rms_norm_eps"], n_expert=cfg.get("num_local_experts"),
+            n_expert_used=cfg.get("num_experts_per_tok"), head_dim=hd if _has_head_dim(arch, cfg) else None)
+        meta[N.FILE_TYPE] = writer.FILE_TYPES[dtype]
         if garch == "llama":
             # conversion/llama.py LlamaModel.set_gguf_parameters
-            w.add_vocab_size(cfg["vocab_size"])
-            w.add_rope_dimension_count(hd)
+            meta[key(N.VOCAB_SIZE)] = cfg["vocab_size"]
+            meta[key(N.ROPE_DIMENSION_COUNT)] = hd
         if arch == "mistral" and cfg.get("sliding_window"):
             # NOT written by llama.cpp's converter (it drops Mistral's sliding_window). Our engine's
             # convention: llama.attention.sliding_window (u32) = HF sliding_window, i.e. a query at
             # position p attends to keys p-W+1 .. p (W keys including itself).
-            w.add_sliding_window(int(cfg["sliding_window"]))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            meta[key(N.SLIDING_WINDOW)] = int(cfg["sliding_window"])
+    meta[N.QUANTIZATION_VERSION] = writer.QUANT_VERSION
 
     # tokenizer (conversion/base.py _set_vocab_gpt2 + gguf.SpecialVocab)
     voc = tiny_vocab(cfg["vocab_size"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(voc["tokens"])
-    w.add_token_types(voc["token_type"])
-    w.add_token_merges(voc["merges"])
-    w.add_bos_token_id(voc["bos_token_id"])
-    w.add_eos_token_id(voc["eos_token_id"])
-    w.add_pad_token_id(voc["padding_token_id"])
-    w.add_add_bos_token(False)
-    w.add_add_eos_token(False)
-    w.add_chat_template(TINY_CHAT_TEMPLATE)
-
-    for name, arr in gguf_tensors(arch, cfg, state_dict, experts=experts).items():
-        st = storage_type(name, arr.ndim, dtype)
-        qt = qtypes[st]
-        data = gguf.quants.quantize(np.ascontiguousarray(arr, dtype=np.float32), qt)
-        w.add_tensor(name, data, raw_dtype=qt)
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    meta |= writer.tokenizer_metadata(voc["tokens"], voc["token_type"], voc["merges"], bos=voc["bos_token_id"],
+                                      eos=voc["eos_token_id"], pad=voc["padding_token_id"],
+                                      chat_template=TINY_CHAT_TEMPLATE)
+    tensors = [(name, arr, Q[storage_type(name, arr.ndim, dtype)])
+               for name, arr in gguf_tensors(arch, cfg, state_dict, experts=experts).items()]
+    return writer.write_gguf(path, garch, meta, tensors)
 
 
 def write_tiny(path: str | Path, arch: str, **kwargs: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pantheon_ocr.engine.loader import EngineOptions, bundled_reader, load_page_engine
+from pantheon_ocr.engine.loader import EngineOptions, load_page_engine
+from pantheon_ocr.modelfiles.resolve import bundled_reader
 from pantheon_ocr.pipeline.inputs import make_document
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.pipeline.types import PipelineOptions

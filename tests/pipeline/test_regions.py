@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from pantheon_ocr.engine.models.reader import ReadingHints
 from pantheon_ocr.engine.sampling import SamplingOptions
 from pantheon_ocr.pipeline.inputs import make_document
 from pantheon_ocr.pipeline.regions import SegmentedEngine, for_options, join_regions
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.pipeline.segment import Region
 from pantheon_ocr.pipeline.types import PipelineOptions
+from fake_engine import WholePrompt
 
 FONT = ImageFont.load_default(size=28)
 
@@ -21,6 +24,11 @@ FONT = ImageFont.load_default(size=28)
 class StubSeq:
     """Finishes after `steps` decode steps; its text says the size of the image it was given
     (width in 28-px tokens x height in px)."""
+
+    prefilling = False
+
+    def close(self):
+        pass
 
     def __init__(self, size, max_tokens, steps=2):
         self.size, self.max_tokens, self.left = size, max_tokens, steps
@@ -30,10 +38,11 @@ class StubSeq:
         return f"{self.size[0]}x{self.size[1]}"
 
 
-class StubEngine:
+class StubEngine(WholePrompt):
     """A line reader: 28-px lines, pages rendered at 2200 px, 14-px patches."""
 
-    longest_edge, page_edge, line_height, patch_size, segment = 1400, 2200, 28, 14, "lines"
+    longest_edge = 1400
+    hints = ReadingHints("lines", 28, 1400, 2200, 14)
 
     def __init__(self):
         self.batches = []
@@ -42,7 +51,7 @@ class StubEngine:
         return np.zeros((image.width // 28, image.height), np.float32)  # [M, "features"]
 
     def prefill(self, features, sampling):
-        if self.segment == "lines":
+        if self.hints.segment == "lines":
             assert sampling.max_tokens <= 4 * features.shape[0] + 16  # a line's token budget
         return StubSeq(features.shape, sampling.max_tokens)
 
@@ -95,7 +104,7 @@ def test_blank_page_reads_empty():
 def test_blocks_mode_reads_one_region_per_paragraph():
     lines = [(100, 200, "first block line one"), (100, 245, "first block line two"), (100, 600, "second block")]
     stub = StubEngine()
-    stub.segment = "blocks"
+    stub.hints = replace(stub.hints, segment="blocks")
     group = read(SegmentedEngine(stub, "blocks"), page_image(lines))
     texts = group.text().split("\n\n")
     assert len(texts) == 2
@@ -106,7 +115,7 @@ def test_model_default_and_override():
     stub = StubEngine()
     assert isinstance(for_options(stub, None), SegmentedEngine)
     assert for_options(stub, "page") is stub
-    stub.segment = "page"
+    stub.hints = replace(stub.hints, segment="page")
     assert for_options(stub, None) is stub
     with pytest.raises(ValueError):
         SegmentedEngine(stub, "words")
@@ -132,7 +141,7 @@ def test_a_line_wider_than_the_readers_line_width_is_read_in_pieces_at_word_gaps
     whole = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)])).seqs
     assert [len(parts) for parts in whole] == [1]
     assert whole[0][0].size[0] >= 14  # the line: about 16 tokens of 28 px
-    engine.line_width = 196  # 7 tokens
+    engine.hints = replace(engine.hints, line_width=196)  # 7 tokens
     group = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)]))
     (parts,) = group.seqs
     assert len(parts) >= 3 and all(p.size[0] <= 7 for p in parts)

@@ -54,12 +54,12 @@ def test_lines_are_reproducible_and_shaped_for_the_reader():
         line = draw_line(np.random.default_rng([6, i]), "heldout", 28, 1400)
         assert line.image.dtype == np.uint8 and line.image.shape[0] == 28
         assert line.image.shape[1] % 14 == 0 and 28 <= line.image.shape[1] <= 1400
-        assert line.face in HELDOUT and line.text
+        assert line.face in {f.name for f in faces('heldout')} and line.text
 
 
 def test_held_out_faces_are_never_trained_on():
     train, held = {f.name for f in faces("train")}, {f.name for f in faces("heldout")}
-    assert held == set(HELDOUT) and not train & held and len(train) >= 20
+    assert set(HELDOUT) <= held and not train & held and len(train) >= 20
 
 
 def test_synthetic_page_is_a_pdf_with_its_text():
@@ -75,7 +75,7 @@ def test_synthetic_page_is_a_pdf_with_its_text():
 def test_export_runs_in_the_engine_with_the_same_numbers(tmp_path, model, vocab):
     text_path, mmproj_path = export(model, vocab, tmp_path, f16=False)
     vlm = load_vlm(text_path, mmproj_path, weights="f32")
-    assert vlm.vision_config.segment == "lines" and vlm.vision_config.line_height == 28
+    assert vlm.hints.segment == "lines" and vlm.hints.line_height == 28
     line = draw_line(np.random.default_rng(11), "heldout", 28, 1400)
     x, widths = pixels([line.image])
     with torch.no_grad():

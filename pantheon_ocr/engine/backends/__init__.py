@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ...errors import UsageError
+from ...errors import OptionError
 from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, has_module, mps_available,
                      require_torch, resolve_device)
 
@@ -60,29 +60,29 @@ def plan_vision_backend(name: str, device: str | None = None, dtype: str = "floa
     and the torch device resolved. Raises UsageError / BackendUnavailable (one line) when the
     choice cannot run here, so the CLI can fail before loading a model."""
     if name not in BACKENDS:
-        raise UsageError(f"unknown vision backend {name!r} (choose one of {', '.join(BACKENDS)})")
+        raise OptionError("vision_backend", f"unknown (choose one of {', '.join(BACKENDS)})", repr(name))
     if dtype not in DTYPES:
-        raise UsageError(f"unknown vision dtype {dtype!r} (choose one of {', '.join(DTYPES)})")
+        raise OptionError("vision_dtype", f"unknown (choose one of {', '.join(DTYPES)})", repr(dtype))
     reason = "chosen"
     if name == "auto":
         name, device, reason = _auto(device)
     if name == "numpy":
         if device not in (None, "cpu"):
-            raise UsageError(f"the numpy vision backend runs on the CPU only (got --device {device}); "
-                             "use --vision-backend torch for a torch device")
+            raise OptionError("device", "the numpy vision backend runs on the CPU only; the torch vision backend "
+                                        "runs on torch devices", device)
         if dtype not in ("float32", "auto"):
-            raise UsageError(f"the numpy vision backend computes in float32 only (got --vision-dtype {dtype}"
-                             + ("" if reason == "chosen" else f"; auto chose numpy: {reason}") + ")")
+            raise OptionError("vision_dtype", "the numpy vision backend computes in float32 only"
+                              + ("" if reason == "chosen" else f" (auto chose numpy: {reason})"), dtype)
         return name, "cpu", reason
     if name == "torch":
         return name, resolve_device(device), reason
     # coreml
     if device not in (None, "cpu"):
-        raise UsageError(f"--device {device} is a torch device; Core ML picks its own compute units "
-                         "(CPU, GPU, Neural Engine)")
+        raise OptionError("device", "a torch device; Core ML picks its own compute units (CPU, GPU, Neural Engine)",
+                          device)
     if dtype == "bfloat16":
-        raise UsageError("Core ML computes in float32 or float16, not bfloat16 "
-                         "(--vision-dtype float16 runs on the Neural Engine)")
+        raise OptionError("vision_dtype", "Core ML computes in float32 or float16, not bfloat16 (float16 runs on "
+                                          "the Neural Engine)", dtype)
     from .coreml import require_coreml
 
     require_coreml(run=True)
@@ -136,9 +136,9 @@ def cpu_has_bf16() -> bool:
 def _auto(device: str | None) -> tuple[str, str | None, str]:
     """(backend, device, reason) for --vision-backend auto."""
     if device == "cpu":
-        return "numpy", None, "--device cpu: the engine's own numpy encoder"
+        return "numpy", None, "device cpu: the engine's own numpy encoder"
     if device is not None:  # an explicit accelerator: torch or a one-line reason why not
-        return "torch", resolve_device(device), f"torch on the requested --device {device}"
+        return "torch", resolve_device(device), f"torch on the requested device {device}"
     if platform.system() == "Darwin" and has_module("coremltools") and has_module("torch"):
         from .coreml import MIN_MACOS, macos_major
 

@@ -11,13 +11,13 @@ import sys
 
 import numpy as np
 
-from ...errors import UsageError
+from ...errors import OptionError
 
 GPU_EXTRA = "pip install 'pantheon-ocr[gpu]'"
 COREML_EXTRA = "pip install 'pantheon-ocr[coreml]'"
 
 
-class BackendUnavailable(UsageError):
+class BackendUnavailable(OptionError):
     """The chosen backend or device cannot run here; the message says what to install or pick."""
 
 
@@ -36,13 +36,13 @@ def require_torch():
     other pipeline stage (measured here: --gpu-decode on device cpu 30x slower at B=4, the numpy
     CPU stage 7x slower after torch vision calls)."""
     if not has_module("torch"):
-        raise BackendUnavailable(f"this needs torch, which is not installed: {GPU_EXTRA}")
+        raise BackendUnavailable(None, f"this needs torch, which is not installed: {GPU_EXTRA}")
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken install is still one line
-        raise BackendUnavailable(f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); "
+        raise BackendUnavailable(None, f"torch is installed but cannot be imported ({type(exc).__name__}: {exc}); "
                                  f"reinstall it with {GPU_EXTRA}") from exc
     from ..threads import torch_threads
 
@@ -63,20 +63,20 @@ def resolve_device(device: str | None) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise BackendUnavailable(f"--device {device!r} is not a torch device (use cpu, cuda, cuda:N or mps)") from exc
+        raise BackendUnavailable("device", "not a torch device (use cpu, cuda, cuda:N or mps)", repr(device)) from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise BackendUnavailable(f"--device {device}: {why} (torch {torch.__version__}); install a CUDA build "
-                                     f"of torch on a machine with an NVIDIA GPU, or use --device cpu")
+            raise BackendUnavailable("device", f"{why} (torch {torch.__version__}); install a CUDA build of torch on "
+                                               "a machine with an NVIDIA GPU, or use the cpu device", device)
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise BackendUnavailable(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+            raise BackendUnavailable("device", f"only {torch.cuda.device_count()} CUDA device(s) visible", device)
     elif dev.type == "mps":
         if not mps_available(torch):
-            raise BackendUnavailable(f"--device {device}: the Apple MPS backend is not available here "
-                                     "(it needs macOS on Apple silicon); use --device cpu")
+            raise BackendUnavailable("device", "the Apple MPS backend is not available here (it needs macOS on "
+                                               "Apple silicon); use the cpu device", device)
     elif dev.type != "cpu":
-        raise BackendUnavailable(f"--device {device}: unsupported device type {dev.type!r} (use cpu, cuda or mps)")
+        raise BackendUnavailable("device", f"unsupported device type {dev.type!r} (use cpu, cuda or mps)", device)
     return str(dev)
 
 

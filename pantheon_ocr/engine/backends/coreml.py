@@ -53,14 +53,15 @@ def require_coreml(run: bool = False):
     """coremltools (and torch, which the conversion traces), or BackendUnavailable. run=True also
     requires macOS, the only place Core ML executes programs."""
     if not has_module("coremltools"):
-        raise BackendUnavailable(f"the Core ML vision backend needs coremltools, which is not installed: {COREML_EXTRA}")
+        raise BackendUnavailable(None, f"the Core ML vision backend needs coremltools, which is not installed: {COREML_EXTRA}")
     require_torch()
     if run and platform.system() != "Darwin":
-        raise BackendUnavailable(f"Core ML runs models only on macOS (this is {platform.system()}); "
-                                 "use --vision-backend torch or numpy here")
+        raise BackendUnavailable("vision_backend", f"Core ML runs models only on macOS (this is {platform.system()}); "
+                                                   "use the torch or numpy vision backend here", "coreml")
     if run and macos_major() < MIN_MACOS:
-        raise BackendUnavailable(f"the Core ML vision programs need macOS {MIN_MACOS} or later (fused attention); "
-                                 f"this is macOS {platform.mac_ver()[0]}: use --vision-backend torch --device mps")
+        raise BackendUnavailable("vision_backend", f"the Core ML vision programs need macOS {MIN_MACOS} or later (fused "
+                                                   f"attention); this is macOS {platform.mac_ver()[0]}: use the torch "
+                                                   "vision backend on the mps device", "coreml")
     import coremltools as ct
 
     return ct
@@ -101,10 +102,10 @@ class CoreMLVisionBackend:
     def __init__(self, vlm, dtype: str = "float32", cache_dir: str | Path | None = None,
                  compute_units: str = "ALL", granule: int = GRANULE, runtime: bool = True):
         if dtype not in PRECISIONS:
-            raise BackendUnavailable(f"Core ML computes in float32 or float16, not {dtype} "
-                                     "(use --vision-dtype float16 for the Neural Engine, or float32)")
+            raise BackendUnavailable("vision_dtype", "Core ML computes in float32 or float16 (float16 runs on the "
+                                                     "Neural Engine)", dtype)
         if compute_units not in COMPUTE_UNITS:
-            raise BackendUnavailable(f"compute_units must be one of {', '.join(COMPUTE_UNITS)}, not {compute_units!r}")
+            raise BackendUnavailable("compute_units", f"must be one of {', '.join(COMPUTE_UNITS)}, not {compute_units!r}")
         self.ct = require_coreml(run=runtime)
         self.vlm, self.dtype, self.compute_units, self.granule = vlm, dtype, compute_units, granule
         self.device = f"coreml:{compute_units}"
@@ -201,7 +202,7 @@ class CoreMLVisionBackend:
         model = self._models.get(bucket)
         if model is None:
             if not self.runtime:
-                raise BackendUnavailable("this Core ML backend was built to convert only (runtime=False)")
+                raise BackendUnavailable(None, "this Core ML backend was built to convert only (runtime=False)")
             path = self.ensure_package(bucket)
             model = self.ct.models.MLModel(str(path), compute_units=self.ct.ComputeUnit[self.compute_units])
             self._models[bucket] = model

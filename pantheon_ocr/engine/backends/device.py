@@ -19,12 +19,11 @@ why, on hardware where the CPU path is already memory-bound at M=B, the switches
 
 from __future__ import annotations
 
-import copy
 from dataclasses import fields, replace
 
 import numpy as np
 
-from ..weights import Weight, _by_row_blocks
+from ..format.weights import Weight, _by_row_blocks
 from .common import require_torch, resolve_device
 
 
@@ -91,11 +90,8 @@ def mirror_decoder(decoder, device: str, *, output: bool, uploads: dict | None =
             return type(v)(mirror(e) for e in v)  # MoE experts: [(gate, up, down), ...]
         return v
 
-    twin = copy.copy(decoder)
-    twin.layers = [replace(layer, **{f.name: mirror(getattr(layer, f.name)) for f in fields(layer)}) for layer in decoder.layers]
-    if output:
-        twin.output = mirror(decoder.output)
-    return twin
+    layers = [replace(layer, **{f.name: mirror(getattr(layer, f.name)) for f in fields(layer)}) for layer in decoder.layers]
+    return decoder.mirror(layers, mirror(decoder.output) if output else None)
 
 
 class GpuSwitches:

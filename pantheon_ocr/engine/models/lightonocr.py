@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import ModelError
-from ..gguf import GGUFFile, meta, open_gguf
+from ..attention import TowerOptions
+from ..format.gguf import GGUFFile, meta, open_gguf
 from ..ops import add_bias, gelu_erf, rmsnorm
-from ..preprocess import ImageSource, preprocess
+from ..image.preprocess import ImageSource, preprocess
 from ..text_model import TextModel
-from ..weights import Storage, WeightLoader
+from ..format.weights import Storage, WeightLoader
 from .pixtral import PixtralVision, VisionConfig, keep, vision_config
+from .reader import ReadingHints
 
 IMAGE_TOKEN = "<|image_pad|>"
 # The prompt, as vocabulary pieces (byte-level BPE spelling: "Ċ" is "\n"); None marks the image run.
@@ -90,11 +92,12 @@ class LightOnOCR:
     """
 
     def __init__(self, model_path: str | Path, mmproj_path: str | Path, weights: Storage = "quantized",
-                 vision_weights: Storage | None = None):
+                 vision_weights: Storage | None = None, *, vision_tower: TowerOptions = TowerOptions(),
+                 text_tower: TowerOptions = TowerOptions()):
         self.mmproj: GGUFFile = open_gguf(mmproj_path)
         self.vision_config = vision_config(self.mmproj)
         try:
-            self.text = TextModel(model_path, weights)
+            self.text = TextModel(model_path, weights, text_tower)
         except ModelError:
             _explain_swapped(model_path)
             raise
@@ -112,7 +115,7 @@ class LightOnOCR:
         # backend (torch, Core ML) runs the vision stage: it keeps its own copy, and this one then
         # only maps the file instead of holding a second resident copy.
         vw = vision_weights or weights
-        self.vision = PixtralVision(self.mmproj, vc, vw)
+        self.vision = PixtralVision(self.mmproj, vc, vw, vision_tower)
         self.projector = Projector(WeightLoader(self.mmproj, vw), vc, c.eps)
         self.weights = weights
 
@@ -132,6 +135,11 @@ class LightOnOCR:
     @property
     def longest_edge(self) -> int:
         return self.vision_config.longest_edge
+
+    @property
+    def hints(self) -> ReadingHints:
+        """How the model wants its pages cut (pantheon.reader.* keys; whole pages for LightOnOCR)."""
+        return self.vision_config.hints
 
     @cached_property
     def stop_ids(self) -> frozenset[int]:

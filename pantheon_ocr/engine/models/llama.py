@@ -10,16 +10,19 @@ fused and overrides only how a layer is loaded and projected (`load_layer`, `qkv
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import ModelError
+from ..attention import TowerOptions
 from ..cache import DecoderState, KVCache, KVPool, Rows
-from ..config import DecoderConfig
-from ..gguf import GGUFFile
+from ..format.config import DecoderConfig
+from ..format.gguf import GGUFFile
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
-from ..weights import Storage, Weight, WeightLoader
+from ..format.weights import Storage, Weight, WeightLoader
 
 __all__ = ["Decoder", "DecoderState", "LlamaLayer"]
 
@@ -50,8 +53,12 @@ class LlamaLayer:
 
 
 class Decoder:
-    def __init__(self, gf: GGUFFile, cfg: DecoderConfig, storage: Storage):
-        self.cfg, self.storage, self.path = cfg, storage, gf.path
+    """The weights and the forward pass; holds no sequence state (a page engine owns the KV pool).
+    `tower` (benchmarks): the first N layers only, naive attention, flash tile sizes, a per-layer
+    timing hook."""
+
+    def __init__(self, gf: GGUFFile, cfg: DecoderConfig, storage: Storage, tower: TowerOptions = TowerOptions()):
+        self.cfg, self.storage, self.path, self.tower = cfg, storage, gf.path, tower
         w = WeightLoader(gf, storage)
         c = cfg
         self.token_embd = w.matrix("token_embd.weight", (c.n_vocab, c.n_embd))  # [n_vocab, n_embd]
@@ -59,9 +66,7 @@ class Decoder:
         self.output_norm = w.tensor("output_norm.weight", (c.n_embd,))  # [n_embd]
         factors = w.optional_tensor("rope_freqs.weight", (c.n_rot // 2,))
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
-        self.layers = [self.load_layer(w, i) for i in range(c.n_layer)]
-        self.flash = True  # blocked prefill attention; False = naive (benchmark comparison)
-        self.kv_pool = KVPool(c.n_layer, c.n_head_kv, c.head_dim)  # every sequence's K/V (cache.py)
+        self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
 
     # -- loading -----------------------------------------------------------------------------
     def load_layer(self, w: WeightLoader, i: int) -> LlamaLayer:
@@ -104,18 +109,26 @@ class Decoder:
             for j in range(e)
         )
 
-    def new_state(self, max_seq: int | None = None) -> DecoderState:
-        """A new sequence; its KV cache is a slot of this decoder's pool (shared by its copies)."""
+    def new_pool(self, dtype=np.float32) -> KVPool:
+        """A KV pool for this decoder's sequences: K/V stored as `dtype` (float32, or float16: half
+        the memory and bytes read per step). Its owner decodes them together."""
+        c = self.cfg
+        return KVPool(len(self.layers), c.n_head_kv, c.head_dim, dtype)
+
+    def new_state(self, max_seq: int | None = None, pool: KVPool | None = None) -> DecoderState:
+        """A new sequence whose KV cache is a slot of `pool` (a pool of its own if None), held
+        until `state.release()`."""
         c = self.cfg
         ring = bool(c.sliding_window)
         slots = c.max_seq if ring else min(max_seq or c.n_ctx, c.n_ctx)
-        return DecoderState(KVCache(c.n_layer, c.n_head_kv, c.head_dim, slots, ring, pool=self.kv_pool))
+        return DecoderState(KVCache(len(self.layers), c.n_head_kv, c.head_dim, slots, ring, pool=pool))
 
-    def set_kv_dtype(self, dtype) -> None:
-        """Store K/V as `dtype` (float32, or float16: half the memory and bytes read per step)
-        from the next new_state on; sequences already running keep the old pool."""
-        c = self.cfg
-        self.kv_pool = KVPool(c.n_layer, c.n_head_kv, c.head_dim, dtype)
+    def mirror(self, layers: list, output=None) -> "Decoder":
+        """The same decoder over other weights of the same shapes (the GPU switches' device
+        copies): one forward pass, whichever weights it multiplies."""
+        twin = copy.copy(self)
+        twin.__dict__.update(layers=list(layers), output=self.output if output is None else output)
+        return twin
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, state: DecoderState, tokens, embd_rows=None, all_logits: bool = False) -> np.ndarray:
@@ -141,8 +154,12 @@ class Decoder:
     def run(self, rows: Rows, x: np.ndarray, tokens) -> np.ndarray:
         """x [N, n_embd] through every layer at rows.positions, then the sequences move on."""
         cos, sin = rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs)  # [N, n_rot/2]
+        hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):
+            t0 = time.perf_counter() if hook else 0.0
             x = self.block(i, layer, x, cos, sin, rows)
+            if hook:
+                hook(i, time.perf_counter() - t0)
         rows.advance(tokens)
         return x
 
@@ -167,7 +184,7 @@ class Decoder:
             k = rmsnorm(k, layer.attn_k_norm, c.eps)
         q = apply_rope(q, cos, sin, c.rope_neox)
         k = apply_rope(k, cos, sin, c.rope_neox)
-        a = rows.attend(i, q, k, v, scale=c.head_dim ** -0.5, window=c.sliding_window, flash=self.flash)  # [N, Hq, D]
+        a = rows.attend(i, q, k, v, scale=c.head_dim ** -0.5, window=c.sliding_window, tower=self.tower)  # [N, Hq, D]
         return add_bias(layer.attn_output.matmul(a.reshape(t, c.n_head * c.head_dim), rows.decode),
                         layer.attn_output_bias)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import add_bias, swiglu
-from ..weights import Weight, WeightLoader
+from ..format.weights import Weight, WeightLoader
 from .llama import Decoder
 
 

@@ -11,19 +11,20 @@ converter permuted the Q/K rows so that HF's split-half RoPE pairs (i, i + d/2) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...errors import ModelError
-from ..attention import flash_attention, naive_attention
-from ..config import in_range, positive_finite
-from ..gguf import GGUFFile, meta
+from ..attention import TowerOptions
+from ..format.config import in_range, positive_finite
+from ..format.gguf import GGUFFile, meta
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles_2d, swiglu
-from ..weights import Storage, Weight, WeightLoader
+from ..format.weights import Storage, Weight, WeightLoader
+from .reader import MAX_IMAGE_SIDE, ReadingHints, reading_hints
 
 SUPPORTED_PROJECTORS = ("lightonocr",)
-MAX_IMAGE_SIZE = 10000  # px, the longest image side a vision tower may ask for
 DEFAULT_ROPE_THETA = 10000.0  # not written by the converter; clip.cpp hard-codes it for lightonocr
 
 
@@ -43,15 +44,9 @@ class VisionConfig:
     projection_dim: int  # projector output size = the text model's n_embd
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
-    # How the model wants its pages (`pantheon.reader.*`, written by our reader's export; a
-    # LightOnOCR file has none: it reads whole pages at longest_edge).
-    segment: str = "page"  # page, blocks or lines
-    line_height: int = 0  # lines: each line crop is scaled to this height (px)
-    page_edge: int = 0  # segmenting readers: pages are rendered at this longest edge first (px)
-    line_width: int = 0  # lines: a wider line is read in pieces cut at word gaps (px; 0: image_size)
-
-
-SEGMENT_MODES = ("page", "blocks", "lines")
+    # How the model wants its pages (`pantheon.reader.*` keys, reader.py); a LightOnOCR file names
+    # none: it reads whole pages at longest_edge.
+    hints: ReadingHints | None = None
 
 
 def _show(v) -> str:
@@ -108,25 +103,10 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
         projection_dim=key("projection_dim", int),
         image_mean=stats["image_mean"],
         image_std=stats["image_std"],
-        segment=meta(gf, "pantheon.reader.segment", str, "page"),
-        line_height=meta(gf, "pantheon.reader.line_height", int, 0),
-        page_edge=meta(gf, "pantheon.reader.page_edge", int, 0),
-        line_width=meta(gf, "pantheon.reader.line_width", int, 0),
     )
-    if cfg.segment not in SEGMENT_MODES:
-        raise ModelError(gf.path, f"'pantheon.reader.segment' is {cfg.segment!r}, expected one of {', '.join(SEGMENT_MODES)}")
-    unit = cfg.patch_size * cfg.merge
-    if cfg.segment == "lines" and (cfg.line_height < unit or cfg.line_height % unit or cfg.line_height > 16 * unit):
-        raise ModelError(gf.path, f"'pantheon.reader.line_height' ({cfg.line_height}) must be a multiple of {unit} "
-                                  f"(patch size x merge) between {unit} and {16 * unit}")
-    if cfg.page_edge and not 256 <= cfg.page_edge <= 10000:
-        raise ModelError(gf.path, f"'pantheon.reader.page_edge' ({cfg.page_edge}) must be between 256 and 10000 px")
-    if cfg.line_width and not 4 * unit <= cfg.line_width <= cfg.longest_edge:
-        raise ModelError(gf.path, f"'pantheon.reader.line_width' ({cfg.line_width}) must be between {4 * unit} px "
-                                  f"and the image size ({cfg.longest_edge} px)")
     # Bounds well beyond any real tower (LightOnOCR: 1540 px, patch 14, 24 layers x 1024, FFN 4096):
     # an image size of 2^31 would make every page a MemoryError instead of one clear error here.
-    for name, value, hi in (("patch_size", cfg.patch_size, 64), ("image_size", cfg.longest_edge, MAX_IMAGE_SIZE),
+    for name, value, hi in (("patch_size", cfg.patch_size, 64), ("image_size", cfg.longest_edge, MAX_IMAGE_SIDE),
                             ("block_count", cfg.n_layer, 1024), ("feed_forward_length", cfg.n_ff, 1 << 20),
                             ("spatial_merge_size", cfg.merge, 8), ("projection_dim", cfg.projection_dim, 1 << 16),
                             ("embedding_length", cfg.n_embd, 1 << 16), ("attention.head_count", cfg.n_head, 1024)):
@@ -135,7 +115,7 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
     positive_finite(gf, "clip.vision.rope.freq_base", cfg.rope_base)
     if cfg.longest_edge < cfg.patch_size * cfg.merge:
         raise ModelError(gf.path, f"'clip.vision.image_size' ({cfg.longest_edge}) is smaller than one merged patch")
-    return cfg
+    return replace(cfg, hints=reading_hints(gf, cfg.longest_edge, cfg.patch_size, cfg.merge))
 
 
 @dataclass(frozen=True)
@@ -174,43 +154,34 @@ def conv_weight(w: WeightLoader, name: str, shape: tuple[int, ...]) -> Weight:
 
 
 class PixtralVision:
-    """The vision tower. `forward(pixels)` -> (features [N, D], (h, w) patch grid)."""
+    """The vision tower. `forward(pixels)` -> (features [N, D], (h, w) patch grid). `tower`
+    (benchmarks, tests): the first N layers only, naive attention, tile sizes, a timing hook."""
 
     # Non-causal attention over ~9,400 patches: big tiles amortise numpy's per-call overhead
     # while each [heads, q_block, kv_block] score tile stays a few tens of MB.
     q_block = 1024
     kv_block = 1024
 
-    def __init__(self, gf: GGUFFile, cfg: VisionConfig, storage: Storage):
-        self.cfg, self.path = cfg, gf.path
+    def __init__(self, gf: GGUFFile, cfg: VisionConfig, storage: Storage, tower: TowerOptions = TowerOptions()):
+        self.cfg, self.path, self.tower = cfg, gf.path, tower
         w = WeightLoader(gf, storage)
         c, p = cfg, cfg.patch_size
         self.patch_embd = conv_weight(w, "v.patch_embd.weight", (c.n_embd, 3, p, p))
         self.patch_bias = w.optional_tensor("v.patch_embd.bias", (c.n_embd,))
         self.pre_ln = w.tensor("v.pre_ln.weight", (c.n_embd,))
-        self.layers = [self.load_layer(w, i) for i in range(c.n_layer)]
-        self.blocked = True  # False: naive attention (tests, tiny images)
+        self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
 
     def load_layer(self, w: WeightLoader, i: int) -> PixtralLayer:
         c, p = self.cfg, f"v.blk.{i}."
         d, ff = c.n_embd, c.n_ff
+        # matrix [out, in] of each projection; every one may have a bias [out]
+        shapes = {"attn_q": (d, d), "attn_k": (d, d), "attn_v": (d, d), "attn_out": (d, d),
+                  "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff)}
         return PixtralLayer(
             ln1=w.tensor(p + "ln1.weight", (d,)),
-            attn_q=w.matrix(p + "attn_q.weight", (d, d)),
-            attn_k=w.matrix(p + "attn_k.weight", (d, d)),
-            attn_v=w.matrix(p + "attn_v.weight", (d, d)),
-            attn_out=w.matrix(p + "attn_out.weight", (d, d)),
-            attn_q_bias=w.optional_tensor(p + "attn_q.bias", (d,)),
-            attn_k_bias=w.optional_tensor(p + "attn_k.bias", (d,)),
-            attn_v_bias=w.optional_tensor(p + "attn_v.bias", (d,)),
-            attn_out_bias=w.optional_tensor(p + "attn_out.bias", (d,)),
             ln2=w.tensor(p + "ln2.weight", (d,)),
-            ffn_gate=w.matrix(p + "ffn_gate.weight", (ff, d)),
-            ffn_up=w.matrix(p + "ffn_up.weight", (ff, d)),
-            ffn_down=w.matrix(p + "ffn_down.weight", (d, ff)),
-            ffn_gate_bias=w.optional_tensor(p + "ffn_gate.bias", (ff,)),
-            ffn_up_bias=w.optional_tensor(p + "ffn_up.bias", (ff,)),
-            ffn_down_bias=w.optional_tensor(p + "ffn_down.bias", (d,)),
+            **{name: w.matrix(f"{p}{name}.weight", shape) for name, shape in shapes.items()},
+            **{f"{name}_bias": w.optional_tensor(f"{p}{name}.bias", shape[:1]) for name, shape in shapes.items()},
         )
 
     # -- forward -----------------------------------------------------------------------------
@@ -230,8 +201,12 @@ class PixtralVision:
         keep(capture, "vision_ln_pre", x)
         rows, cols = np.divmod(np.arange(h * w), w)  # [N] each: patch (row, col)
         cos, sin = rope_angles_2d(rows, cols, c.head_dim, c.rope_base)  # [N, head_dim/2] each
+        hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):
+            t0 = time.perf_counter() if hook else 0.0
             x = self.block(layer, x, cos, sin)  # [N, D]
+            if hook:
+                hook(i, time.perf_counter() - t0)
             keep(capture, f"vision_layer_{i}", x)
         return x, (h, w)
 
@@ -255,11 +230,8 @@ class PixtralVision:
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Non-causal attention of one image's patches: q, k, v [H, N, d] -> [H, N, d]."""
         pos = np.arange(q.shape[1])
-        scale = self.cfg.head_dim ** -0.5
-        if self.blocked:
-            return flash_attention(q, k, v, pos, pos, scale=scale, causal=False,
-                                   q_block=self.q_block, kv_block=self.kv_block)
-        return naive_attention(q, k, v, pos, pos, scale=scale, causal=False)
+        return self.tower.attend(q, k, v, pos, pos, scale=self.cfg.head_dim ** -0.5, causal=False,
+                                 q_block=self.q_block, kv_block=self.kv_block)
 
 
 def keep(capture: dict | None, name: str, x: np.ndarray) -> None:

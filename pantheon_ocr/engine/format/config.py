@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import ModelError
+from ...errors import ModelError
 from .gguf import GGUFFile, meta
 
 # general.architecture values the engine runs; mistral and mixtral files say "llama".
@@ -138,17 +138,15 @@ def _check_ranges(gf: GGUFFile, c: DecoderConfig) -> None:
 def _check(gf: GGUFFile, c: DecoderConfig) -> None:
     _check_ranges(gf, c)
     a = c.arch
-    problems = [
-        (c.n_head <= 0 or c.n_head_kv <= 0, f"'{a}.attention.head_count' and head_count_kv must be positive"),
-        (c.n_head_kv and c.n_head % c.n_head_kv, f"'{a}.attention.head_count' ({c.n_head}) is not a multiple of "
-                                                 f"'{a}.attention.head_count_kv' ({c.n_head_kv})"),
+    problems = [  # the ranges are checked: counts are positive
+        (c.n_head % c.n_head_kv, f"'{a}.attention.head_count' ({c.n_head}) is not a multiple of "
+                                 f"'{a}.attention.head_count_kv' ({c.n_head_kv})"),
         (c.n_rot > c.head_dim or c.n_rot % 2, f"'{a}.rope.dimension_count' ({c.n_rot}) must be even and <= head dim {c.head_dim}"),
         (c.n_expert and not 0 < c.n_expert_used <= c.n_expert,
          f"'{a}.expert_used_count' ({c.n_expert_used}) must be in 1..'{a}.expert_count' ({c.n_expert})"),
         (gf.tensors["token_embd.weight"].shape != (c.n_vocab, c.n_embd),
          f"tensor 'token_embd.weight' has shape {list(gf.tensors['token_embd.weight'].shape)}, expected "
          f"[{c.n_vocab}, {c.n_embd}] from the vocabulary and '{a}.embedding_length'"),
-        (c.n_layer <= 0, f"'{a}.block_count' must be positive"),
     ]
     for bad, text in problems:
         if bad:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .engine import catalog
-from .engine.pairing import check_pair
-from .errors import ModelError, UsageError
+from . import catalog
+from ..engine.format.pairing import check_pair
+from ..errors import ModelError, UsageError
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA1 = re.compile(r"[0-9a-f]{40}")

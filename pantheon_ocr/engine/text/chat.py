@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 _JINJA_STRING = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
 

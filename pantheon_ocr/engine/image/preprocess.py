@@ -24,7 +24,7 @@ from typing import Sequence, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import InputError
+from ...errors import InputError
 from .images import to_rgb
 
 ImageSource = Union[str, Path, bytes, "Image.Image", np.ndarray]

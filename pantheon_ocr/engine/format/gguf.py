@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
 _SCALARS = {  # GGUF value type id -> struct format

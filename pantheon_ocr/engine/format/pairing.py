@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ModelError, path_text
+from ...errors import ModelError, path_text
 from .gguf import GGUFFile, meta, open_gguf
 
 TEXT_ARCHS = ("qwen3",)  # LightOnOCR-1 and -2 (and the bundled reader) decode with Qwen3

@@ -8,7 +8,7 @@ Storage modes:
 - "bf16": resident bfloat16 torch tensors (a BF16 file is used straight from the memory map),
   multiplied by torch in bfloat16 (AMX / AVX-512 BF16 where the CPU has them): half the memory
   of f32 and the fastest on such CPUs; needs torch. Activations are rounded to bfloat16 at each
-  projection; tests/engine/test_weights.py states the error against f32.
+  projection; tests/engine/test_bf16.py states the error against f32.
 
 Exact rows (`matmul(x, exact_rows=True)`, the decode path): a BLAS picks its kernel by shape
 (OpenBLAS: GEMV for M = 1, a small-matrix kernel below some size, GEMM above), so row r of
@@ -26,7 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from ..errors import ModelError
+from ...errors import ModelError
 from .gguf import GGUFFile
 
 Storage = Literal["quantized", "f32", "bf16"]

@@ -32,9 +32,9 @@ from typing import Iterable
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..errors import ModelError
+from ...errors import ModelError
 from .chat import render_chatml
-from .gguf import GGUFFile, meta
+from ..format.gguf import GGUFFile, meta
 from .vocab import (
     CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, USER_DEFINED, bpe_pieces, build_bpe, build_spm, spm_pieces,
 )

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from .backends.common import require_torch
+from ..backends.common import require_torch
 
 torch = require_torch()
 

@@ -12,7 +12,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 # gguf TokenType values (gguf-py constants.py)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -1,0 +1,156 @@
+"""The Pixtral vision encoder and the LightOnOCR projector as torch modules: the one torch
+definition, used by the torch vision backend (torch_vision.py, weights from the GGUF) and by
+training (training/model.py, nn.Parameters that are learnt and exported to the GGUF).
+
+Hugging Face semantics and parameter names (transformers' Pixtral / Mistral3 projector), the same
+maths as models/pixtral.py + models/lightonocr.py:
+
+    pixels [B, 3, H, W] -> patch_conv -> ln_pre -> n x PixtralBlock -> [B, h*w, D]
+    Projector: norm (text eps) -> s x s patch merge -> merging_layer -> linear_1 -> GELU -> linear_2
+
+- Q/K rows are in Hugging Face's order (split-half RoPE pairs i, i + d/2): the backend un-permutes
+  the GGUF's rows (format/writer.unpermute_qk), the export permutes them back.
+- Norms are RMSNorm with float32 statistics whatever the compute or autocast dtype; the output
+  has the input's dtype.
+- Attention is torch's scaled_dot_product_attention, not causal, with an optional additive mask
+  [B, 1, 1, N] on the keys (padded patches: right-padded training batches, padded bucket grids).
+- Shapes are taken from the module's config and from the h x w grid the caller passes (Python
+  ints), never read off a tensor: a torch.jit trace of a fixed grid keeps them as constants.
+- Biases are absent (the released models have none) unless the weights loaded have them.
+
+Importing this module imports torch: only torch users import it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics whatever the autocast type (a bf16 variance loses the small values)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Split-half (NeoX) rotary embedding; cos, sin [..., d] with the angles duplicated."""
+    return x * cos + rotate_half(x) * sin
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, ff: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, ff, bias=False)
+        self.up_proj = nn.Linear(dim, ff, bias=False)
+        self.down_proj = nn.Linear(ff, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def pixtral_rope(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, head_dim] for patches at (rows, cols): HF Pixtral's 2-D rotary, even base
+    frequencies to rows, odd to columns, duplicated for rotate_half."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # [d/2]
+    ang = torch.cat([rows[:, None].float() * freqs[None, ::2], cols[:, None].float() * freqs[None, 1::2]], dim=-1)
+    ang = torch.cat([ang, ang], dim=-1)  # [N, d]
+    return ang.cos(), ang.sin()
+
+
+class PixtralBlock(nn.Module):
+    """Pre-norm: x += o_proj(attention(attention_norm(x))); x += feed_forward(ffn_norm(x))."""
+
+    def __init__(self, dim: int, heads: int, ff: int, eps: float):
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.attention_norm = RMSNorm(dim, eps)
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = RMSNorm(dim, eps)
+        self.feed_forward = SwiGLU(dim, ff)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, N, D], cos/sin [N, hd], mask: additive [B, 1, 1, N] or None -> [B, N, D]."""
+        h = self.attention_norm(x)
+        q, k, v = (proj(h).unflatten(-1, (self.heads, self.hd)).transpose(1, 2)  # [B, H, N, hd] each
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, attn_mask=mask)  # [B, H, N, hd]
+        x = x + self.o_proj(a.transpose(1, 2).flatten(2))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class PixtralVision(nn.Module):
+    """The vision tower: `forward(pixels)` = `encode(embed(pixels), *rope(h, w))`. Callers that
+    mask padded patches (training's right-padded batches, the backend's bucket grids) call the
+    three around their own key mask."""
+
+    def __init__(self, dim: int, layers: int, heads: int, ff: int, patch: int, eps: float, rope_theta: float):
+        super().__init__()
+        self.dim, self.heads, self.patch, self.rope_theta = dim, heads, patch, rope_theta
+        self.patch_conv = nn.Conv2d(3, dim, patch, stride=patch, bias=False)
+        self.ln_pre = RMSNorm(dim, eps)
+        self.layers = nn.ModuleList(PixtralBlock(dim, heads, ff, eps) for _ in range(layers))
+
+    def grid(self, pixels: torch.Tensor) -> tuple[int, int]:
+        """(h, w): the patch grid of pixels [B, 3, H, W]."""
+        return int(pixels.shape[2]) // self.patch, int(pixels.shape[3]) // self.patch
+
+    def embed(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, h*p, w*p] -> normed patch embeddings [B, h*w, D], row-major patches."""
+        return self.ln_pre(self.patch_conv(pixels).flatten(2).transpose(1, 2))
+
+    def rope(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [h*w, head_dim] (float32) of an h x w patch grid."""
+        n = torch.arange(h * w)
+        cos, sin = pixtral_rope(torch.div(n, w, rounding_mode="floor"), n % w, self.dim // self.heads, self.rope_theta)
+        return cos.to(device), sin.to(device)
+
+    def encode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks: x [B, N, D], mask additive [B, 1, 1, N] on the keys or None -> [B, N, D]."""
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return x
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [B, 3, H, W], every patch real -> features [B, h*w, D]."""
+        h, w = self.grid(pixels)
+        x = self.embed(pixels)
+        return self.encode(x, *self.rope(h, w, x.device))
+
+
+class Projector(nn.Module):
+    """RMSNorm (text eps) -> s x s merge -> merging_layer -> linear_1 -> exact GELU -> linear_2."""
+
+    def __init__(self, dim: int, text_dim: int, merge: int, eps: float):
+        super().__init__()
+        self.merge = merge
+        self.norm = RMSNorm(dim, eps)
+        self.merging_layer = nn.Linear(dim * merge ** 2, dim, bias=False)
+        self.linear_1 = nn.Linear(dim, text_dim, bias=False)
+        self.linear_2 = nn.Linear(text_dim, text_dim, bias=False)
+
+    def forward(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """Features [B, h*w, D] of an h x w grid -> image tokens [B, h//s, w//s, text_dim]. Each
+        s x s block of patches (row-major over blocks) becomes one vector with index
+        channel*s*s + dy*s + dx (torch unfold order); an incomplete last row or column is dropped."""
+        s = self.merge
+        hs, ws = h // s, w // s
+        g = self.norm(x.unflatten(1, (h, w))).permute(0, 3, 1, 2)[:, :, : hs * s, : ws * s]  # [B, D, hs*s, ws*s]
+        g = g.unflatten(2, (hs, s)).unflatten(4, (ws, s)).permute(0, 2, 4, 1, 3, 5)  # [B, hs, ws, D, dy, dx]
+        return self.linear_2(F.gelu(self.linear_1(self.merging_layer(g.flatten(3)))))

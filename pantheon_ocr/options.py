@@ -1,0 +1,230 @@
+"""The one table of options: engine, pipeline and sampling settings as frozen dataclasses, each
+field with its default, its choices or range and its help, written once.
+
+The command line (commands/options.py turns fields into click options), the archive job file
+(archive/spec.py turns them into the [model] and [ocr] schema) and the benchmarks all read these
+declarations, so `transcribe`, a nightly job and `bench pages` default to the same thing. Like
+errors.py this is a leaf: it imports nothing from the package but errors.py, so the engine may
+import it.
+
+    EngineOptions(model, mmproj, weights="bf16")     # how to build a page engine (engine/loader.py)
+    PipelineOptions(out_dir, batch_size=8, ...)      # how to run pages (pipeline/run.py)
+    SamplingOptions(max_tokens=4096, ...)            # how a page's tokens are chosen (engine/sampling.py)
+    spec(EngineOptions, "weights")                   # an Option: default, choices, range, help
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+# ------------------------------------------------------------------------------------ choices
+STORAGE_MODES = ("f32", "bf16", "quantized")  # weights: resident float32, resident bfloat16, kept quantized
+VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
+VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_DTYPES = ("float32", "float16")
+ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or the naive reference
+SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
+FORMATS = ("md", "jsonl", "txt")
+MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
+PREFILL_CHUNK = 512  # prompt tokens per prefill step: a Letter page's ~2,330-token prompt is 5 chunks
+
+
+@dataclass(frozen=True)
+class Option:
+    """What the table says about one setting (a dataclass field's metadata)."""
+
+    name: str
+    default: Any
+    help: str
+    kind: str  # int, float, str, bool, choice, list (of choices)
+    choices: tuple[str, ...] = ()
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    cli: bool = True  # a flag of transcribe (and where it applies, bench)
+    job: bool = True  # a key of the job file
+    metavar: str | None = None
+    cli_name: str | None = None  # the flag's word when it is not the field's name (--format)
+
+    @property
+    def flag(self) -> str:
+        return "--" + (self.cli_name or self.name).replace("_", "-")
+
+    def check(self, value: Any) -> Any:
+        """The value if it fits, else UsageError saying what it must be (job files, the API)."""
+        if value is None and self.default is None:
+            return None
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise UsageError("must be true or false")
+        elif self.kind in ("int", "float"):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if self.kind == "int" and not isinstance(value, int):
+                number = False
+            if not number or (self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)) \
+                    or (self.hi is not None and value > self.hi):
+                raise UsageError(f"must be {'an integer' if self.kind == 'int' else 'a finite number'}{self.range_text()}")
+            return float(value) if self.kind == "float" else value
+        elif self.kind == "choice":
+            if value not in self.choices:
+                raise UsageError("must be one of " + ", ".join(repr(c) for c in self.choices))
+        elif self.kind == "list":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+                raise UsageError("must be a list of non-empty strings")
+            if any(v not in self.choices for v in value):
+                raise UsageError("values must be among " + ", ".join(repr(c) for c in self.choices))
+            if len(set(value)) != len(value):
+                raise UsageError("has a value twice")
+            return tuple(value)
+        elif not isinstance(value, str) or not value.strip():
+            raise UsageError("must be a non-empty string")
+        return value
+
+    def range_text(self) -> str:
+        lo = "" if self.lo is None else f" {'>' if self.lo_open else '>='} {self.lo:g}"
+        hi = "" if self.hi is None else f"{' and' if lo else ''} <= {self.hi:g}"
+        return lo + hi
+
+
+def option(default: Any, help: str, *, kind: str | None = None, choices: tuple[str, ...] = (), lo=None, hi=None,
+           lo_open: bool = False, cli: bool = True, job: bool = True, metavar: str | None = None,
+           cli_name: str | None = None):
+    """A dataclass field carrying its Option (kind inferred from the default or the choices)."""
+    if kind is None:
+        if choices:
+            kind = "list" if isinstance(default, tuple) else "choice"
+        elif isinstance(default, bool):
+            kind = "bool"
+        else:
+            kind = {int: "int", float: "float", str: "str"}.get(type(default), "str")
+    meta = dict(help=help, kind=kind, choices=tuple(choices), lo=lo, hi=hi, lo_open=lo_open, cli=cli, job=job,
+                metavar=metavar, cli_name=cli_name)
+    return field(default=default, metadata={"option": meta})
+
+
+def spec(cls, name: str) -> Option:
+    """The Option of field `name` of options class `cls`."""
+    for f in fields(cls):
+        if f.name == name:
+            if "option" not in f.metadata:
+                raise KeyError(f"{cls.__name__}.{name} is not a declared option")
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            return Option(name, default, **f.metadata["option"])
+    raise KeyError(f"{cls.__name__} has no option {name!r}")
+
+
+def specs(cls) -> list[Option]:
+    """Every declared option of `cls`, in field order."""
+    return [spec(cls, f.name) for f in fields(cls) if "option" in f.metadata]
+
+
+def _validate(obj) -> None:
+    for o in specs(type(obj)):
+        value = getattr(obj, o.name)
+        try:
+            checked = o.check(value)
+        except UsageError as e:
+            raise UsageError(f"{o.name}: {e} (got {value!r})") from None
+        if checked is not value and checked != value:
+            object.__setattr__(obj, o.name, checked)
+        elif o.kind == "list":
+            object.__setattr__(obj, o.name, tuple(value))
+
+
+# ----------------------------------------------------------------------------------- sampling
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a page's tokens are chosen. The one sampling type of the project: the pipeline, archive
+    jobs (which retry a page hotter) and the engine all pass it; validated when it is made."""
+
+    max_tokens: int = option(4096, "Tokens per page at most (a dense page of LightOnOCR output is ~1-2k).", lo=1)
+    temperature: float = option(0.0, "0 = greedy: OCR wants the most likely reading, reproducibly.", lo=0)
+    top_p: float = option(1.0, "Nucleus sampling mass (with --temperature > 0).", lo=0, hi=1, lo_open=True)
+    seed: int | None = option(0, "Sampling seed.", kind="int")  # None: a fresh random seed
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
+        if not 0 <= self.temperature < float("inf"):  # also refuses nan: sampling at inf/nan is noise
+            raise UsageError(f"temperature must be a finite number >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
+
+
+# ------------------------------------------------------------------------------------- engine
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to build a page engine (engine/loader.py); picklable, so a Ray worker can build its own."""
+
+    model: Path  # the text GGUF (modelfiles.resolve.resolve_model gives it)
+    mmproj: Path
+    weights: str = option("f32", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
+                                 "the memory, fastest on CPUs with bfloat16 units) or kept quantized (least memory).",
+                          choices=STORAGE_MODES)
+    vision_backend: str = option("numpy", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto "
+                                          "(the fastest installed).", choices=VISION_BACKENDS)
+    device: str | None = option(None, "torch device for --vision-backend torch/auto and the --gpu-* switches "
+                                      "(cpu, cuda, cuda:N, mps).", kind="str")
+    vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "
+                                       "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
+                                       "else float32.", choices=VISION_DTYPES)
+    kv_dtype: str = option("float32", "KV cache type: float16 halves its memory.", choices=KV_DTYPES)
+    prefill_chunk: int = option(PREFILL_CHUNK, "Prompt tokens prefilled between two decode steps: pages already "
+                                               "decoding never wait for a whole page's prompt.", lo=1)
+    gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")
+    gpu_decode: bool = option(False, "Run the batched decode matmuls on the torch --device.")
+    threads: int | None = option(None, "Math threads in all (default: every core).", kind="int", lo=1)
+    # Benchmarks only (figures quoted from these must say so): the first N layers of a tower, the
+    # naive attention reference, and pages that always run to max_tokens.
+    vision_layers: int | None = option(None, "Run only the first N vision layers.", kind="int", lo=1, cli=False, job=False)
+    text_layers: int | None = option(None, "Run only the first N decoder layers.", kind="int", lo=1, cli=False, job=False)
+    attention: str = option("flash", "Prefill and vision attention.", choices=ATTENTION_KINDS, cli=False, job=False)
+    ignore_eos: bool = option(False, "Generate exactly max_tokens per page.", cli=False, job=False)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+# ----------------------------------------------------------------------------------- pipeline
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How to run pages (pipeline/run.py)."""
+
+    out_dir: Path
+    formats: tuple[str, ...] = option(("md",), "Output format (repeat for several).", choices=FORMATS,
+                                      cli_name="format")
+    page_files: bool = option(False, "Also write one file per page.")
+    overwrite: bool = False  # else documents whose outputs exist (from the same source) are skipped
+    pages: str | None = option(None, "Pages to read in every document, e.g. 1-3,7.", kind="str")
+    password: str | None = option(None, "Password for encrypted PDFs.", kind="str")
+    sampling: SamplingOptions = SamplingOptions()
+    batch_size: int = option(8, "Pages decoded together.", lo=1, hi=256)
+    overlap: bool = option(True, "Run the vision stage on its own thread, overlapped with prefill and decode.")
+    render_workers: int = option(2, "Processes rendering PDF pages.", lo=1)
+    render_timeout: float = option(120.0, "Seconds before a stuck render is killed.", lo=0, lo_open=True, cli=False)
+    page_timeout: float | None = option(None, "Fail a page whose vision + prefill + decode take longer (reason: "
+                                              "timeout); the batch goes on.", kind="float", lo=0, hi=86400,
+                                        lo_open=True, metavar="SECONDS")
+    text_fallback: bool = option(True, "A PDF page whose OCR failed takes the PDF's own text layer, marked as such, "
+                                       "if it has one.")
+    render_queue: int = 4  # rendered pages waiting for the vision stage
+    features_queue: int = 2  # encoded pages waiting for a decode slot
+    longest_edge: int | None = option(None, "Render pages at this longest edge (default: the model's).", kind="int",
+                                      lo=64, hi=MAX_LONGEST_EDGE, cli=False)
+    segment: str | None = option(None, "Read whole pages, or cut them into text blocks or lines first, each read as "
+                                       "its own sequence (default: what the model's GGUF asks for; LightOnOCR reads "
+                                       "pages).", kind="choice", choices=SEGMENT_MODES)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        _validate(self)
+        for name in ("render_queue", "features_queue"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name}: must be at least 1 (got {getattr(self, name)})")

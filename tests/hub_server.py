@@ -10,7 +10,12 @@ from it as from the real one.
 
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound), which is
 how huggingface_hub tells them apart. Faults, per file sha256: `cut_once` closes the
-connection halfway through the first full GET; `corrupt` sends other bytes of the right length.
+connection halfway through the first full GET; `corrupt` sends other bytes of the right length;
+`trickle` sends the first half, then one byte every `gap` seconds; `endless` sends no
+Content-Length and the file's bytes followed by zeros without end (`sent` counts what went).
+Per route ("api", "resolve", "cdn"): `headers` are set on every answer (a hostile ETag, say),
+`answer` = (status, headers) is answered instead. `SilentServer` accepts connections and never
+answers; `closed_port()` is a port where nothing listens.
 Every request is recorded (`requests`: method, path, headers with lower-case names).
 """
 
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -38,7 +45,14 @@ class Hub:
     repos: dict[str, Repo] = field(default_factory=dict)
     cut_once: set[str] = field(default_factory=set)  # sha256 of files whose first transfer breaks
     corrupt: set[str] = field(default_factory=set)  # sha256 of files always sent wrong
+    trickle: set[str] = field(default_factory=set)  # sha256 of files sent half, then a byte every `gap` s
+    endless: set[str] = field(default_factory=set)  # sha256 of files sent without Content-Length, never ending
+    gap: float = 2.0
+    sent: dict[str, int] = field(default_factory=dict)  # sha256 -> bytes the CDN wrote of it
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)  # route -> headers set on each answer
+    answer: dict[str, tuple[int, dict]] = field(default_factory=dict)  # route -> (status, headers) instead
     requests: list[tuple[str, str, dict]] = field(default_factory=list)
+    stopping: bool = False
     endpoint: str = ""
     cdn: str = ""
 
@@ -80,7 +94,8 @@ def _handler(hub: Hub, role: str):
         # -- helpers ---------------------------------------------------------------------
         def _send(self, code: int, headers: dict | None = None, body: bytes = b"", head: bool = False) -> None:
             self.send_response(code)
-            for k, v in (headers or {}).items():
+            headers = {**(headers or {}), **hub.headers.get(self.route, {})}
+            for k, v in headers.items():
                 self.send_header(k, str(v))
             if "Content-Length" not in (headers or {}):
                 self.send_header("Content-Length", str(len(body)))
@@ -110,10 +125,16 @@ def _handler(hub: Hub, role: str):
         def _serve(self, head: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append(("HEAD" if head else "GET", path, {k.lower(): v for k, v in self.headers.items()}))
+            parts = path.strip("/").split("/")
+            self.route = "cdn" if role == "cdn" else "api" if parts[:2] == ["api", "models"] else "resolve"
+            if self.route in hub.answer:
+                code, headers = hub.answer[self.route]
+                return self._send(code, headers, b"", head)
             if role == "cdn":
                 return self._cdn(path, head)
-            parts = path.strip("/").split("/")
-            if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("tree", "revision"):
+            if self.route == "api" and len(parts) == 4:  # model_info without a revision: main
+                return self._api(f"{parts[2]}/{parts[3]}", "revision", "main", head)
+            if self.route == "api" and len(parts) >= 6 and parts[4] in ("tree", "revision"):
                 return self._api(f"{parts[2]}/{parts[3]}", parts[4], parts[5], head)
             if len(parts) >= 5 and parts[2] == "resolve":
                 return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), head)
@@ -128,7 +149,9 @@ def _handler(hub: Hub, role: str):
                          "lfs": {"oid": sha256(d), "size": len(d), "pointerSize": 134}} for f, d in repo.files.items()]
             else:
                 body = {"id": name, "modelId": name, "sha": repo.commit, "private": repo.token is not None,
-                        "siblings": [{"rfilename": f} for f in repo.files]}
+                        "siblings": [{"rfilename": f, "size": len(d), "blobId": git_sha1(d),
+                                      "lfs": {"sha256": sha256(d), "size": len(d), "pointerSize": 134}}
+                                     for f, d in repo.files.items()]}
             self._send(200, {"Content-Type": "application/json"}, json.dumps(body).encode(), head)
 
         def _resolve(self, name: str, rev: str, filename: str, head: bool) -> None:
@@ -158,11 +181,22 @@ def _handler(hub: Hub, role: str):
             headers = {"Content-Length": len(body), "ETag": f'"{sha}"', "Accept-Ranges": "bytes"}
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            if sha in hub.endless:
+                del headers["Content-Length"]
+                self.close_connection = True
             self.send_response(206 if start else 200)
-            for k, v in headers.items():
+            for k, v in {**headers, **hub.headers.get("cdn", {})}.items():
                 self.send_header(k, str(v))
             self.end_headers()
             if head:
+                return
+            if sha in hub.endless:
+                return self._write_all(sha, body + bytes(1 << 20), forever=True)
+            if sha in hub.trickle:
+                self._write_all(sha, body[: len(body) // 2])
+                for i in range(len(body) // 2, len(body)):
+                    if not self._slowly(sha, body[i:i + 1]):
+                        return
                 return
             if not start and sha in hub.cut_once:
                 hub.cut_once.discard(sha)
@@ -171,6 +205,32 @@ def _handler(hub: Hub, role: str):
                 self.close_connection = True
                 return
             self.wfile.write(body)
+
+        def _write_all(self, sha: str, data: bytes, forever: bool = False) -> None:
+            """Write `data` (again and again if `forever`) until the client goes or the hub stops."""
+            try:
+                while not hub.stopping:
+                    self.wfile.write(data)
+                    hub.sent[sha] = hub.sent.get(sha, 0) + len(data)
+                    if not forever:
+                        return
+                    data = bytes(len(data))  # then zeros
+            except OSError:
+                pass
+
+        def _slowly(self, sha: str, byte: bytes) -> bool:
+            deadline = time.monotonic() + hub.gap
+            while time.monotonic() < deadline:
+                if hub.stopping:
+                    return False
+                time.sleep(0.05)
+            try:
+                self.wfile.write(byte)
+                self.wfile.flush()
+            except OSError:
+                return False
+            hub.sent[sha] = hub.sent.get(sha, 0) + 1
+            return True
 
     return Handler
 
@@ -183,7 +243,8 @@ class HubServer:
         self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.hub, role)) for role in ("hub", "cdn")]
         self.hub.endpoint = f"http://127.0.0.1:{self._servers[0].server_address[1]}"
         self.hub.cdn = f"http://127.0.0.1:{self._servers[1].server_address[1]}"
-        self._threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in self._servers]
+        self._threads = [threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+                         for s in self._servers]
 
     def __enter__(self) -> Hub:
         for t in self._threads:
@@ -191,6 +252,46 @@ class HubServer:
         return self.hub
 
     def __exit__(self, *exc) -> None:
+        self.hub.stopping = True
         for s in self._servers:
             s.shutdown()
             s.server_close()
+
+
+class SilentServer:
+    """A server on 127.0.0.1 that accepts every connection and never sends a byte (a hung Hub)."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.accepted.append(self._sock.accept()[0])  # held open, never answered
+            except OSError:
+                continue
+
+    def __enter__(self) -> "SilentServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for c in self.accepted:
+            c.close()
+        self._sock.close()
+
+
+def closed_port() -> str:
+    """The URL of a port on 127.0.0.1 where nothing listens (a connection is refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"

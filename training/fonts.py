@@ -32,16 +32,24 @@ class Face:
     kind: str  # "ttf" (PIL), "pil-default" (Pillow's own face) or "pdf" (a standard-14 BaseFont)
     source: str = ""  # the font file, or the BaseFont name
     family: str = ""
+    weight: int = 0  # a variable font's weight axis (0: the file's default instance)
 
     def pil(self, size: int) -> ImageFont.FreeTypeFont:
         if self.kind == "pil-default":
             return ImageFont.load_default(size=size)
-        return _ttf(self.source, size)
+        return _ttf(self.source, size, self.weight)
 
 
 @lru_cache(maxsize=512)
-def _ttf(path: str, size: int) -> ImageFont.FreeTypeFont:
-    return ImageFont.truetype(path, size)
+def _ttf(path: str, size: int, weight: int = 0) -> ImageFont.FreeTypeFont:
+    font = ImageFont.truetype(path, size)  # Raqm layout where Pillow has it: kerning and ligatures
+    if weight:
+        axes = font.get_variation_axes()
+        def is_weight(name) -> bool:
+            return (name.decode() if isinstance(name, bytes) else str(name)).lower() in ("weight", "wght")
+
+        font.set_variation_by_axes([weight if is_weight(a.get("name", "")) else a["default"] for a in axes])
+    return font
 
 
 def _mpl_dir() -> str:
@@ -108,9 +116,16 @@ SYSTEM_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "Inconsolata": ("fonts-inconsolata", "SIL OFL", ("truetype/inconsolata/*.ttf", "opentype/inconsolata/*.otf")),
     "Quattrocento": ("fonts-quattrocento", "SIL OFL", ("opentype/quattrocento/*.otf", "truetype/quattrocento/*.ttf")),
 }
+# Font families from PyPI wheels (the fontpkg-* packages: Google Fonts, SIL OFL unless said), used
+# when installed: `pip install fontpkg-fira-sans ...` (training/README.md lists the command).
+PYPI_FAMILIES = ("fira-sans", "fira-code", "ibm-plex-sans", "ibm-plex-serif", "ibm-plex-mono", "source-sans-3",
+                 "source-serif-4", "source-code-pro", "pt-sans", "pt-serif", "merriweather", "crimson-text",
+                 "libre-baskerville", "inter", "roboto-mono", "jetbrains-mono", "literata", "spectral", "vollkorn",
+                 "lora", "work-sans", "montserrat")
 # Held out of training: single faces of trained families (as before), and whole families.
 HELDOUT = ("DejaVuSansMono-BoldOblique", "STIXGeneralBolIta", "Times-BoldItalic", "Courier-BoldOblique")
-HELDOUT_FAMILIES = ("TeX Gyre Bonum", "Charis SIL", "EB Garamond", "Go", "Cantarell")
+HELDOUT_FAMILIES = ("TeX Gyre Bonum", "Charis SIL", "EB Garamond", "Go", "Cantarell", "spectral", "vollkorn", "work-sans",
+                    "jetbrains-mono")
 
 
 def _system_faces() -> list[Face]:
@@ -121,6 +136,24 @@ def _system_faces() -> list[Face]:
     return faces
 
 
+def _pypi_faces() -> list[Face]:
+    """The installed fontpkg-* families: static files as they are, a variable file (`[wght]` in
+    its name) at a regular and a bold weight."""
+    import importlib.util
+
+    faces = []
+    for family in PYPI_FAMILIES:
+        spec = importlib.util.find_spec("fontpkg_" + family.replace("-", "_"))
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "files")
+        for f in sorted(glob.glob(os.path.join(folder, "*.[ot]tf"))):
+            name = os.path.splitext(os.path.basename(f))[0]
+            weights = (400, 700) if "wght" in name else (0,)
+            faces += [Face(name + (f"@{w}" if w else ""), "ttf", f, family, w) for w in weights]
+    return faces
+
+
 @lru_cache(maxsize=None)
 def all_faces() -> tuple[Face, ...]:
     d = _mpl_dir()
@@ -128,7 +161,7 @@ def all_faces() -> tuple[Face, ...]:
              for n in MPL_FACES]
     faces.append(Face("Aileron", "pil-default", family="Aileron"))
     faces += [Face(n, "pdf", n, n.split("-")[0]) for n in PDF_FACES]
-    return tuple(faces + _system_faces())
+    return tuple(faces + _system_faces() + _pypi_faces())
 
 
 def is_heldout(face: Face) -> bool:

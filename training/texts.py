@@ -33,6 +33,12 @@ MONTHS = "January February March April May June July August September October No
 UNITS = "kg g km m cm mm h min s ms kWh MB GB % kEUR EUR USD pcs".split()
 CURRENCY = ("$", "€", "£", "EUR ", "USD ", "CHF ")
 BULLETS = ("•", "-", "*", "–", "·", "»")
+# Labels of forms, invoices and letters in the corpus languages (a hand-made list).
+FORM_LABELS = tuple("""Total|Total due|Subtotal|Amount|Invoice No.|Date|Page|Quantity|Price|Discount|Due date|Customer|
+Montant|Total HT|Total TTC|Facture n°|Devis n°|Quantité|Prix|Remise|Date d'échéance|Client|Adresse|Payable à|
+Summe|Gesamtbetrag|Rechnung Nr.|Datum|Menge|Preis|Rabatt|Kunde|Seite|Betreff|Importe|Factura n.º|Fecha|Cantidad|
+Precio|Descuento|Cliente|Página|Totale|Fattura n.|Data|Quantità|Prezzo|Sconto|Pagina|Valor|Quantidade|Preço|
+Bedrag|Factuurnummer|Aantal|Prijs|Korting|Klant|Kwota|Faktura nr|Ilość|Cena|Rabat|Částka|Faktura č.|Množství""".replace("\n", "").split("|"))
 HEAD_WORDS = ("Summary", "Introduction", "Results", "Outlook", "Notes", "Methods", "Appendix", "Overview",
               "Background", "Discussion", "Conclusion", "Revenue", "Costs", "Contents", "References", "Table",
               "Figure", "Chapter", "Section", "Invoice", "Contract", "Terms", "Payment", "Delivery")
@@ -193,10 +199,12 @@ def _synthetic(rng: np.random.Generator, split: str) -> str:
         return f"{mark} {_span(rng, prose_items, int(rng.integers(10, 80)))}"
     if kind == 3:  # invoice / form line
         item = _span(rng, prose_items, int(rng.integers(8, 35)))
-        return rng.choice([f"{int(rng.integers(1, 20))} x {item} {_number(rng)}", f"{item.split(' ')[0].title()}: {_number(rng)}",
-                           f"{item.split(' ')[0].title()} : {_number(rng)}",
-                           f"Total due: {_number(rng)}", f"Invoice No. {int(rng.integers(2000, 2031))}-{int(rng.integers(0, 10**4)):04d}",
-                           f"Date: {_number(rng)}", f"Page {int(rng.integers(1, 50))} of {int(rng.integers(50, 99))}",
+        label = str(rng.choice(FORM_LABELS))
+        colon = str(rng.choice([": ", " : ", " ", ":\u00a0"]))
+        return rng.choice([f"{int(rng.integers(1, 20))} x {item} {_number(rng)}", f"{item.split(' ')[0].title()}{colon}{_number(rng)}",
+                           f"{label}{colon}{_number(rng)}", f"{label}{colon}{_span(rng, prose_items, int(rng.integers(3, 20)))}",
+                           f"{label} {int(rng.integers(2000, 2031))}-{int(rng.integers(0, 10**4)):04d}",
+                           f"{label} {int(rng.integers(1, 50))} / {int(rng.integers(50, 99))}",
                            f"N° {int(rng.integers(1, 10**5))}", f"{item} ........ {int(rng.integers(1, 400))}"])
     if kind == 4:  # people, places, contact details
         name = f"{rng.choice(FIRST)} {rng.choice(LAST + tuple(ACCENTED[-20:]))}"

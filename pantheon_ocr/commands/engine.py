@@ -11,23 +11,44 @@ from ..errors import UsageError
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def inspect(model: str, as_json: bool) -> None:
-    """Describe a GGUF model: architecture, shapes, quant types, memory per storage mode."""
-    from ..engine.describe import describe
+def inspect(model: str | None, as_json: bool) -> None:
+    """Describe a GGUF model: architecture, shapes, quant types, memory per storage mode.
 
-    info = describe(model)
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
+    MODEL is one GGUF file, or what --model takes: a folder holding a text GGUF and its mmproj,
+    or the name of a pulled model (lightonocr-2, owner/repo[:QUANT]); none: the bundled reader, as
+    when no --model is given. For a pair, both files are described and checked to fit together."""
+    from pathlib import Path
+
+    from ..engine.describe import describe
+    from ..engine.format.pairing import check_pair
+    from ..modelfiles.catalog import parse_name
+    from ..modelfiles.resolve import resolve_model
+
+    path = Path(model) if model is not None else None
+    if path is not None and (path.is_file() or not path.exists() and parse_name(model) is None):
+        info = describe(model)  # one file (a missing one says so, exit 3)
+        click.echo(json.dumps(info, indent=2) if as_json else "\n".join(_described(info)))
         return
-    click.echo(f"{info['path']}\n  architecture: {info['architecture']}")
-    for k, v in info["config"].items():
-        click.echo(f"  {k}: {v}")
-    click.echo(f"  tensors: {info['n_tensors']}  parameters: {info['parameters']:,}")
-    click.echo("  types: " + ", ".join(f"{t} {n}" for t, n in info["types"].items()))
-    for mode, nbytes in info["memory_bytes"].items():
-        click.echo(f"  memory ({mode}): {nbytes / 2**20:,.1f} MiB")
+    text, mmproj = resolve_model(model, None)
+    infos = {"text": describe(str(text)), "mmproj": describe(str(mmproj))}
+    check_pair(text, mmproj)  # a pair that cannot be one model: one line, exit 3
+    if as_json:
+        click.echo(json.dumps({**infos, "pair": "fits"}, indent=2))
+        return
+    for info in infos.values():
+        click.echo("\n".join(_described(info)))
+    click.echo(f"pair: {text.name} + {mmproj.name} fit together (one LightOnOCR model)")
+
+
+def _described(info: dict) -> list[str]:
+    lines = [f"{info['path']}", f"  architecture: {info['architecture']}"]
+    lines += [f"  {k}: {v}" for k, v in info["config"].items() if k != "arch"]  # the line above says it
+    lines.append(f"  tensors: {info['n_tensors']}  parameters: {info['parameters']:,}")
+    lines.append("  types: " + ", ".join(f"{t} {n}" for t, n in info["types"].items()))
+    lines += [f"  memory ({mode}): {nbytes / 2**20:,.1f} MiB" for mode, nbytes in info["memory_bytes"].items()]
+    return lines
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """Model names -> the GGUF pair in the Hugging Face cache. Nothing here touches the network:
-`models pull` (pantheon_ocr/hub.py) downloads, this finds what was downloaded.
+`models pull` (modelfiles/hub.py) downloads, this finds what was downloaded.
 
 A name is a short name of a published LightOnOCR GGUF (`lightonocr-2`, see KNOWN) or any Hub
 repo `owner/repo` holding a text GGUF and an mmproj GGUF, optionally with `:QUANT` to choose the
@@ -176,13 +176,13 @@ def snapshot_dir(repo: str, revision: str | None = None, cache_dir: str | os.Pat
     """The snapshot folder of `revision` (a branch, tag or commit; None: main, else the newest one
     there is), or None if the repo has none in the cache."""
     root = repo_dir(repo, cache_dir)
-    for rev in ([revision] if revision else ["main"]):
+    for rev in ([revision] if revision and safe_revision(revision) else [] if revision else ["main"]):
         commit = rev
         ref = root / "refs" / rev
         if ref.is_file():
             commit = ref.read_text().strip()
         snap = root / "snapshots" / commit
-        if commit and "/" not in commit and snap.is_dir():
+        if _PART.fullmatch(commit) and snap.is_dir():  # a ref holding `..` or a path does not lead out
             return snap
     if revision:
         return None
@@ -191,8 +191,35 @@ def snapshot_dir(repo: str, revision: str | None = None, cache_dir: str | os.Pat
 
 
 def local_files(snapshot: Path) -> list[str]:
-    """GGUF files of a snapshot whose data is there (a link to a missing blob does not count)."""
-    return sorted(p.name for p in snapshot.glob("*.gguf") if p.is_file())
+    """GGUF files of a snapshot whose data is there (a link to a missing blob does not count), as
+    paths relative to it (`gguf/model.gguf` for a repo that keeps its pair in a folder)."""
+    found = []
+    for folder, dirs, files in os.walk(snapshot):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = Path(folder).relative_to(snapshot)
+        found += [(rel / f).as_posix() for f in files if f.lower().endswith(".gguf") and (Path(folder) / f).is_file()]
+    return sorted(found)
+
+
+# -- names from the Hub become paths only when they cannot lead out of the cache ------------------
+_PART = re.compile(r"(?!\.\.?$)[A-Za-z0-9._+=@,~-]{1,200}")  # one path component: not `.`, `..`, no separator
+_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def is_digest(value: object) -> bool:
+    """A git SHA-1 or a SHA-256 in lower-case hex: what a commit or a blob may be named."""
+    return isinstance(value, str) and _HEX.fullmatch(value) is not None
+
+
+def safe_repo_path(path: object) -> bool:
+    """A file path inside a repo that is safe below a snapshot folder: relative, `/`-separated
+    components of ordinary characters, none empty, `.` or `..`."""
+    return isinstance(path, str) and len(path) <= 1000 and all(_PART.fullmatch(p) for p in path.split("/"))
+
+
+def safe_revision(revision: str) -> bool:
+    """A branch, tag or commit name that is safe as a file below refs/ (`main`, `v1.0`, `refs/pr/3`)."""
+    return safe_repo_path(revision)
 
 
 def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: str | None = None) -> tuple[Path, Path]:
@@ -214,4 +241,5 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     return snap / text, snap / mmproj
 
 
-__all__ = ["KNOWN", "ModelRef", "Variant", "local_pair", "parse_name", "pick_pair", "quant_of"]
+__all__ = ["KNOWN", "ModelRef", "Variant", "is_digest", "local_pair", "parse_name", "pick_pair", "quant_of",
+           "safe_repo_path", "safe_revision"]

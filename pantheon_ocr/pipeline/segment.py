@@ -98,15 +98,22 @@ def _gaps(cols: np.ndarray, min_gap: float) -> list[tuple[int, int]]:
     return [(s, e) for s, e in zip(starts, ends) if e - s >= min_gap and s > 0 and e < cols.size]
 
 
-def _line_height(ink: np.ndarray) -> float:
-    """The ink-weighted median height of the page's row bands (specks and rules weigh nothing)."""
-    starts, ends = _runs(ink.any(axis=1))
-    if not starts.size:
+def _line_height(ink: np.ndarray, strips: int = 6) -> float:
+    """The ink-weighted median height of the page's row bands (specks and rules weigh nothing),
+    measured in vertical strips narrower than a column: the lines of two columns whose baselines do
+    not line up would merge into tall bands across the page."""
+    heights, weights = [], []
+    for x in np.linspace(0, ink.shape[1], strips + 1).astype(int)[:-1]:
+        strip = ink[:, x: x + max(1, ink.shape[1] // strips)]
+        starts, ends = _runs(strip.any(axis=1))
+        heights += (ends - starts).tolist()
+        weights += [strip[s:e].sum() for s, e in zip(starts, ends)]
+    if not heights:
         return 0.0
-    weight = np.array([ink[s:e].sum() for s, e in zip(starts, ends)], np.float64)
-    order = np.argsort(ends - starts)
-    cum = np.cumsum(weight[order])
-    return float((ends - starts)[order][np.searchsorted(cum, cum[-1] / 2)])
+    heights, weights = np.asarray(heights), np.asarray(weights, np.float64)
+    order = np.argsort(heights)
+    cum = np.cumsum(weights[order])
+    return float(heights[order][np.searchsorted(cum, cum[-1] / 2)])
 
 
 GROUND_TILE = 16  # px: tiles in which the ground's tone is judged
@@ -239,10 +246,9 @@ def _is_text_column(ctx: _Ctx, y0, y1, x0, x1, min_lines: int = 2) -> bool:
     bands = _bands(ctx.ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
     if len(bands) < min_lines:
         return False
-    widths = []
+    widths = []  # of each line's widest cell: a table row is cells, running text is one run
     for b0, b1 in bands:
-        xs = np.flatnonzero(ctx.ink[b0:b1, x0:x1].any(axis=0))
-        widths.append(xs[-1] - xs[0] + 1 if xs.size else 0)
+        widths.append(max((c1 - c0 for c0, c1 in _cells(ctx, b0, b1, x0, x1)), default=0))
     return float(np.median(widths)) >= 6 * ctx.line_h
 
 

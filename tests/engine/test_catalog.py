@@ -1,10 +1,11 @@
-"""Model names and which files of a repo make the pair (engine/catalog.py): no network, no cache."""
+"""Model names and which files of a repo make the pair (modelfiles/catalog.py): no network."""
 
 from __future__ import annotations
 
 import pytest
 
-from pantheon_ocr.modelfiles.catalog import KNOWN, ModelRef, local_pair, parse_name, pick_pair, quant_of
+from pantheon_ocr.modelfiles.catalog import (KNOWN, ModelRef, is_digest, local_files, local_pair, parse_name, pick_pair,
+                                             quant_of, safe_repo_path, safe_revision, snapshot_dir)
 from pantheon_ocr.errors import ModelError, UsageError
 
 # The files the LightOnOCR-2-1B GGUF repos list (their model cards; see engine/catalog.py)
@@ -74,6 +75,7 @@ def _snapshot(cache, repo, files, commit="c0ffee", ref="main"):
     snap = root / "snapshots" / commit
     snap.mkdir(parents=True, exist_ok=True)
     for f in files:
+        (snap / f).parent.mkdir(parents=True, exist_ok=True)
         (snap / f).write_bytes(b"x")
     return snap
 
@@ -89,3 +91,24 @@ def test_local_pair_reads_the_cache_and_never_downloads(tmp_path):
         local_pair("lightonocr-2:Q6_K", tmp_path)
     (snap / "LightOnOCR-2-1B-Q8_0.gguf").unlink()  # what is there decides: the next preferred one
     assert local_pair("lightonocr-2", tmp_path)[0].name == "LightOnOCR-2-1B-Q4_K_M.gguf"
+
+
+def test_names_from_the_hub_become_paths_only_when_safe():
+    for ok in ("LightOnOCR-2-1B-Q8_0.gguf", "gguf/mmproj-f16.gguf", "a/b/c.gguf", "x...gguf"):
+        assert safe_repo_path(ok), ok
+    for bad in ("../x.gguf", "a/../../x.gguf", "/etc/x.gguf", "a//b.gguf", "./x.gguf", "a\\..\\x.gguf", "x\0.gguf",
+                "", "..", "a/", 3, None):
+        assert not safe_repo_path(bad), bad
+    assert safe_revision("main") and safe_revision("refs/pr/3") and not safe_revision("../../x")
+    assert is_digest("0" * 40) and is_digest("a" * 64) and not is_digest("A" * 64) and not is_digest("../escaped-blob")
+    assert not is_digest("d41d8cd98f00b204e9800998ecf8427e")  # an md5 names no blob
+
+
+def test_a_pair_in_a_folder_and_a_ref_that_leads_out(tmp_path):
+    snap = _snapshot(tmp_path, "acme/folder", ["gguf/m-Q8_0.gguf", "gguf/mmproj-f16.gguf"])
+    assert local_files(snap) == ["gguf/m-Q8_0.gguf", "gguf/mmproj-f16.gguf"]
+    assert local_pair("acme/folder", tmp_path) == (snap / "gguf/m-Q8_0.gguf", snap / "gguf/mmproj-f16.gguf")
+    root = tmp_path / "models--acme--folder"
+    (root / "refs" / "main").write_text("..")  # a ref must name a snapshot, not its parent
+    assert snapshot_dir("acme/folder", "main", tmp_path) is None
+    assert snapshot_dir("acme/folder", "../../x", tmp_path) is None

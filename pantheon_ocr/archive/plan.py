@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..errors import InputError, path_text
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages
-from ..pipeline.files import sha256_of
-from ..pipeline.naming import OutputPaths, plan_output_paths
+from ..pipeline.files import OutputTree, sha256_of
+from ..pipeline.naming import OutputPaths, plan_output_paths, with_id
 from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import count_pages
 from ..pipeline.types import FORMATS, PipelineOptions
@@ -60,7 +60,7 @@ class Planner:
                 # which the outputs are missing there and get written from the state.
                 output = str(planned[doc.doc_id].base)
                 if output.casefold() in taken:  # a name another (older) document already has
-                    output = f"{output}-{doc.doc_id[:8]}"
+                    output = str(with_id(Path(output), doc.doc_id))
                 taken.add(output.casefold())
                 row = state.place_document(row, doc, output)
             self.docs[doc.doc_id] = (row["id"], doc)
@@ -138,21 +138,19 @@ class Planner:
         by_dir: dict[Path, set[str]] = {}
         for t in targets:
             by_dir.setdefault(t.parent, set()).update((t.name, temp_tag(t.name)))
-        for folder, names in by_dir.items():
-            try:
-                entries = os.listdir(folder)
-            except OSError:
-                continue
-            for entry in entries:
-                m = TEMP_NAME.match(entry)
-                old = _OLD_TMP_NAME.match(entry)
-                if (m and m.group("hash") in names) or (old and old.group("name") in names) or \
-                        ((m or old) and folder == self.spec.reports):
-                    try:
-                        os.unlink(folder / entry)
+        # never through a planted link: our output folders are opened from the output root
+        with OutputTree(self.spec.output) as tree, OutputTree(None) as elsewhere:
+            for folder, names in by_dir.items():
+                try:
+                    opened = (tree if folder.is_relative_to(self.spec.output) else elsewhere).folder(folder, create=False)
+                except OSError:
+                    continue
+                for entry in opened.names() if opened is not None else ():
+                    m = TEMP_NAME.match(entry)
+                    old = _OLD_TMP_NAME.match(entry)
+                    if ((m and m.group("hash") in names) or (old and old.group("name") in names) or
+                            ((m or old) and folder == self.spec.reports)) and opened.unlink(entry):
                         self.log.notes.append(f"removed {path_text(folder / entry)} (left by a stopped write)")
-                    except OSError:
-                        pass
 
 
 def _sha256(path: Path) -> str:

@@ -75,7 +75,9 @@ def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: d
 
 
 def write_reports(summary: dict, folder: Path, run_id: int) -> tuple[Path, Path]:
-    """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks; atomic."""
+    """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks; atomic. The
+    folder is the job's to name (links on the way are followed); a symbolic link planted in
+    the place of a report is refused, never written through (outputs.atomic_write_files)."""
     js = json.dumps(summary, indent=2, ensure_ascii=False)
     page = render_html(summary)
     paths = folder / f"run-{run_id:04d}.json", folder / f"run-{run_id:04d}.html"

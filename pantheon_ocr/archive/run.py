@@ -18,7 +18,6 @@ files are missing are assembled again, temp files left by a killed write are rem
 from __future__ import annotations
 
 import dataclasses
-import re
 import sqlite3
 import time
 from dataclasses import dataclass, replace
@@ -32,7 +31,7 @@ from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source
-from ..pipeline.outputs import write_document
+from ..pipeline.outputs import remove_old_page_files, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
 from .lock import Heartbeat, acquire
@@ -296,7 +295,7 @@ class _JobRun:
         row, pages = self.state.document(row_id), self.state.pages(row_id)
         if not pages or any(p["status"] == "pending" for p in pages):
             return
-        paths, formats = OutputPaths(Path(row["output"])), self.options.formats
+        paths, formats = OutputPaths(Path(row["output"]), root=self.spec.output), self.options.formats
         if only_if_needed:
             if row["status"] in ("done", "partial"):
                 complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
@@ -320,23 +319,10 @@ class _JobRun:
                 results = self.figures.apply(results, paths.base)
                 write_document(paths, results, formats, self.options.page_files, Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 if self.options.page_files:
-                    _remove_old_page_files(paths, {r.page for r in results})
+                    remove_old_page_files(paths, {r.page for r in results}, doc)
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
                 status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
                 self.log.fail(row["path"], None, error)
         self.state.set_document_status(row_id, status, error)
         self.log.events[{"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status]] += 1
-
-
-def _remove_old_page_files(paths: OutputPaths, pages: set[int]) -> None:
-    """A changed document with fewer (or other) pages: per-page files of pages it no longer
-    has would otherwise pass for part of the new version."""
-    try:
-        entries = list(paths.base.iterdir())
-    except OSError:
-        return
-    for f in entries:
-        m = re.fullmatch(r"page-(\d{4,})\.md", f.name)
-        if m and int(m.group(1)) not in pages:
-            f.unlink(missing_ok=True)

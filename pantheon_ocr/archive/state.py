@@ -107,8 +107,16 @@ class JobState:
     def open(cls, path: Path, job: object | None = None, create_new: bool = True) -> JobState | None:
         """Open the state file, after checking it (see `check`); a new one is made only where
         no file exists at all (create_new=False: None then). `job` (the job file) goes into
-        the advice of an error. Raises StateDamaged (exit 2), StateBusy (75), WriteError (73)."""
+        the advice of an error. Raises StateDamaged (exit 2), StateBusy (75), WriteError (73).
+
+        The job file names the state, so it may be anywhere, through linked folders too; but the
+        file itself (or its -wal, -shm, -journal) being a symbolic link is refused (JobError):
+        SQLite would write through it, into whatever it points at."""
         path = Path(path)
+        for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            if p.is_symlink():
+                raise JobError(f"{path_text(p)} is a symbolic link (to {path_text(os.readlink(p))}): refusing to open the "
+                               "job state through it; name the file itself in `state =` of the job file")
         try:
             st = os.stat(path)
         except FileNotFoundError:

@@ -27,8 +27,8 @@ def inspect(model: str | None, as_json: bool) -> None:
     from ..modelfiles.resolve import resolve_model
 
     path = Path(model) if model is not None else None
-    if path is not None and (path.is_file() or not path.exists() and parse_name(model) is None):
-        info = describe(model)  # one file (a missing one says so, exit 3)
+    if path is not None and ((path.exists() and not path.is_dir()) or not path.exists() and parse_name(model) is None):
+        info = describe(model)  # one file (a missing one, a FIFO, a device: says so, exit 3)
         click.echo(json.dumps(info, indent=2) if as_json else "\n".join(_described(info)))
         return
     text, mmproj = resolve_model(model, None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import quote
 
+from .files import OutputFolder
+from .naming import IMAGES_SUFFIX
 from .render import render_page
 from .render_pool import RenderPool
 from .types import MAX_LONGEST_EDGE, PageResult
@@ -111,7 +112,7 @@ class FigureCropper:
 # -- what the writers need -------------------------------------------------------------------
 def images_dir(base: Path) -> Path:
     """The folder of a document's crops, beside its outputs: `<out>/<doc>_images`."""
-    return base.with_name(f"{base.name}_images")
+    return base.with_name(f"{base.name}{IMAGES_SUFFIX}")
 
 
 def linked_text(result: PageResult, prefix: str = "") -> str:
@@ -133,17 +134,11 @@ def figure_files(base: Path, results: Sequence[PageResult]) -> list[tuple[Path, 
     return [(base.parent / f.file, f.png) for r in results for f in r.figures]
 
 
-def remove_stale(base: Path, kept: Sequence[Path]) -> None:
-    """Crops an earlier run wrote for this document that this one did not (the page changed)."""
-    folder = images_dir(base)
+def remove_stale(folder: OutputFolder | None, kept: Sequence[Path]) -> None:
+    """Crops an earlier run wrote for this document that this one did not (the page changed),
+    from its crops folder as the writers opened it (`folder`, files.OutputTree: never through a
+    link; None: there is none)."""
     keep = {p.name for p in kept}
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
+    for name in folder.names() if folder is not None else ():
         if _CROP_FILE.fullmatch(name) and name not in keep:
-            try:
-                os.unlink(folder / name)
-            except OSError:
-                pass
+            folder.unlink(name)

@@ -15,6 +15,15 @@ Names never depend on the order of the inputs:
   where). A name whose existing output came from another source is not reused: the document
   takes its suffixed name instead, and "skip existing" skips only a document whose outputs came
   from the same file, unchanged (the same size and mtime, else the same sha256).
+- Names fit the file system: a document's name plus the longest suffix a writer adds to it
+  (NAME_ROOM: `_images`, longer than `.jsonl`, `.md`, `.txt`; page files and temp files have
+  short names of their own) must fit in PC_NAME_MAX bytes of the output folder (255 almost
+  everywhere). A name that does not is cut (in bytes of its file name, never inside a UTF-8
+  character; a byte that is not UTF-8 counts as one) and always gets `-<doc id[:8]>`, so cut
+  names stay unique and the same every run. With 255: a 251-byte name (+ `.pdf`) is written
+  as its first 239 bytes + `-1a2b3c4d` (.md, .jsonl, ...; 248 bytes + `_images` = 255). A
+  name that fits but whose `-<doc id[:8]>` for a clash would not (a 247-byte name: 247 +
+  `_images` fits, 247 + 9 + 7 does not) is cut the same way when it takes the suffix.
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ from .inputs import Document
 
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
 _PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
+IMAGES_SUFFIX = "_images"  # a document's crops folder: `<out>/<doc>_images` (figures.py)
+NAME_ROOM = len(IMAGES_SUFFIX)  # the longest suffix the writers add to a document's name
+ID_SUFFIX = 9  # bytes of "-<doc id[:8]>"
+DEFAULT_NAME_MAX = 255
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ def source_of(doc: Document) -> Source:
 class OutputPaths:
     base: Path  # <out>/<rel without suffix>; formats append ".<fmt>"
     candidates: tuple[Path, ...] = field(default=(), compare=False)  # other names this document may take
+    # <out>, the output tree nothing is written outside of (outputs.py); None: found from the
+    # document's relative name when written (output_root)
+    root: Path | None = field(default=None, compare=False)
 
     def file(self, fmt: str) -> Path:
         return self.base.with_name(f"{self.base.name}.{fmt}")
@@ -104,28 +120,84 @@ class OutputPaths:
         return None
 
 
+def output_stem(doc: Document) -> PurePath:
+    """The document's relative name without its suffix: where under the output folder its
+    outputs go (just its file name when `rel` would leave the folder)."""
+    rel = PurePath(doc.rel)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        rel = PurePath(doc.path.name)  # never write outside the output folder
+    return rel.with_suffix("") if rel.suffix else rel
+
+
+def output_root(base: Path, doc: Document | None) -> Path:
+    """The output folder `base` was planned under: as many folders up as the document's
+    relative name is deep (for OutputPaths made from a stored base, as archive jobs do)."""
+    depth = len(output_stem(doc).parts) if doc is not None else 1
+    return base.parents[min(depth, len(base.parents)) - 1]
+
+
+def name_max(folder: str | os.PathLike) -> int:
+    """The longest file name, in bytes, the file system of `folder` (or of the nearest folder
+    above it that exists) takes."""
+    at = Path(os.path.abspath(folder))
+    while True:
+        try:
+            limit = os.pathconf(at, "PC_NAME_MAX")
+            return limit if limit > 0 else DEFAULT_NAME_MAX
+        except (FileNotFoundError, NotADirectoryError):
+            if at.parent == at:
+                return DEFAULT_NAME_MAX
+            at = at.parent
+        except (OSError, ValueError, AttributeError):  # no pathconf (Windows) or no such limit
+            return DEFAULT_NAME_MAX
+
+
+def _size(name: str) -> int:
+    return len(os.fsencode(name))
+
+
+def fit_name(name: str, limit: int) -> str:
+    """`name` cut to at most `limit` bytes of file name, at a character boundary: a UTF-8
+    character is kept whole or dropped, an undecodable byte (kept as a lone surrogate) is one."""
+    if _size(name) <= limit:
+        return name
+    kept, used = [], 0
+    for ch in name:
+        n = 1 if "\udc80" <= ch <= "\udcff" else len(ch.encode("utf-8", "surrogatepass"))
+        if used + n > limit:
+            break
+        kept.append(ch)
+        used += n
+    return "".join(kept)
+
+
+def with_id(base: Path, doc_id: str, name_limit: int | None = None) -> Path:
+    """`base` with `-<doc id[:8]>` appended, its name cut so that the result still fits
+    (`name_limit`: the file system's, name_max, unless given)."""
+    room = (name_max(base.parent) if name_limit is None else name_limit) - NAME_ROOM - ID_SUFFIX
+    return base.with_name(f"{fit_name(base.name, max(0, room))}-{doc_id[:8]}")
+
+
 def plan_output_paths(documents: Iterable[Document], out_dir: str | os.PathLike) -> dict[str, OutputPaths]:
     """doc_id -> OutputPaths for one run (see the module docstring for the rule). `base` is the
     name planned from the inputs alone; `candidates` are the names to try, in order, once the
     output folder has been looked at (`claim_outputs`)."""
     out = Path(out_dir)
+    name_limit = name_max(out)
     unique = {doc.doc_id: doc for doc in documents}
     first_of: dict[str, str] = {}  # casefolded stem -> doc_id of the document that keeps it
     stems: dict[str, PurePath] = {}
     for doc in sorted(unique.values(), key=lambda d: os.fsencode(d.path)):
-        rel = PurePath(doc.rel)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-            rel = PurePath(doc.path.name)  # never write outside the output folder
-        stem = stems[doc.doc_id] = rel.with_suffix("") if rel.suffix else rel
-        if not _PAGE_FILE.fullmatch(stem.name):
+        stem = stems[doc.doc_id] = output_stem(doc)
+        if not _PAGE_FILE.fullmatch(stem.name) and _size(stem.name) <= name_limit - NAME_ROOM:
             first_of.setdefault(str(stem).casefold(), doc.doc_id)
     plan: dict[str, OutputPaths] = {}
     for doc_id, stem in stems.items():
-        suffixed = out / stem.with_name(f"{stem.name}-{doc_id[:8]}")
+        suffixed = with_id(out / stem, doc_id, name_limit)
         if first_of.get(str(stem).casefold()) == doc_id:
-            plan[doc_id] = OutputPaths(out / stem, (out / stem, suffixed))
+            plan[doc_id] = OutputPaths(out / stem, (out / stem, suffixed), out)
         else:
-            plan[doc_id] = OutputPaths(suffixed, (suffixed,))
+            plan[doc_id] = OutputPaths(suffixed, (suffixed,), out)
     return {doc_id: plan[doc_id] for doc_id in unique}
 
 
@@ -141,14 +213,14 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
         key = str(base).casefold()
         if key in claimed:
             continue
-        paths = OutputPaths(base)
+        paths = OutputPaths(base, root=planned.root)
         recorded = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
         if recorded is not None and recorded.path != source_path and base != candidates[-1]:
             continue  # another document's outputs: keep them, take the next name
         claimed.add(key)
         return paths, recorded if recorded is not None and recorded.path == source_path else None
     claimed.add(str(candidates[-1]).casefold())
-    return OutputPaths(candidates[-1]), None
+    return OutputPaths(candidates[-1], root=planned.root), None
 
 
 @dataclass(frozen=True)

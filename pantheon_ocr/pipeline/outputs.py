@@ -12,26 +12,40 @@ in its folder (fsync), then all are renamed into place, the primary format (the 
 `formats`) last, so that its presence means the set is complete; if anything fails, the temp
 files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
 output name the file system accepts also has a temp name it accepts.
+
+Nothing is written or deleted outside the output tree: every folder below its root is opened
+from the root one name at a time without following links (files.OutputTree: O_NOFOLLOW and
+dir_fd), temps are made in it with O_EXCL | O_NOFOLLOW, the folders are checked again (lstat,
+and the same inode as opened) just before the renames, and stale crops and page files are
+listed and removed through the opened folder. A symbolic link or a file planted where the tree
+needs a folder, or a link where a file goes, is a files.PlantedPath naming it (an OSError and a
+WriteError): that document is not written and the batch goes on (transcribe: `unwritten`; archive
+jobs: retried next run; exit 73 either way).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import path_text
-from .figures import figure_files, figure_records, linked_text, remove_stale
-from .naming import OutputPaths, Source
+from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
+from .files import OutputFolder, OutputTree
+from .naming import OutputPaths, Source, output_root
 from .types import STAGES, TEXT_LAYER, PageResult
 
 TEMP_PREFIX = ".pantheon-"
 TEMP_NAME = re.compile(r"^\.pantheon-(?P<hash>[0-9a-f]{12})-[a-z0-9_]{8}\.tmp$")
+_TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+PAGE_FILE = re.compile(r"page-(\d{4,})\.md")
 
 
 def temp_tag(name: str) -> str:
@@ -40,83 +54,86 @@ def temp_tag(name: str) -> str:
     return hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
 
 
-def _write_temp(path: Path, data: bytes) -> str:
-    """`data` in a new temp file beside `path`, flushed to disk; returns the temp's path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{temp_tag(path.name)}-", suffix=".tmp")
+@dataclass(frozen=True)
+class _Place:
+    """Where a file goes: its path, and the folder of the output tree it goes in."""
+
+    path: Path
+    folder: OutputFolder
+
+
+def _write_temp(place: _Place, data: bytes) -> str:
+    """`data` in a new temp file beside `place.path`, flushed to disk; returns the temp's path.
+    Made with O_EXCL | O_NOFOLLOW in the folder opened from the output root (files.py), mode
+    0666 less the umask like any ordinary file."""
+    prefix = f"{TEMP_PREFIX}{temp_tag(place.path.name)}-"
+    for _ in range(100):
+        name = prefix + "".join(secrets.choice(_TEMP_CHARS) for _ in range(8)) + ".tmp"
+        try:
+            fd = place.folder.create(name)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temp file name", str(place.path.parent))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
     except BaseException:
-        _unlink_quietly(tmp)
+        place.folder.unlink(name)
         raise
-    return tmp
+    return str(place.path.with_name(name))
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def atomic_write_files(files: Sequence[tuple[Path, bytes]]) -> None:
+def atomic_write_files(files: Sequence[tuple[Path, bytes]], root: str | os.PathLike | None = None) -> None:
     """Write all files or none: temps first, then renames in the given order (put the file whose
-    presence means "complete" last). On any failure the temps not yet renamed are removed."""
+    presence means "complete" last). On any failure the temps not yet renamed are removed.
+
+    Nothing is written through a link: every folder below `root` (None: each file's own
+    folder is its root) is opened without following links, made if missing, and checked again
+    just before the renames; a file whose place holds a symbolic link is refused too. Either is
+    a PlantedPath naming it, raised before anything is written."""
+    with OutputTree(None if root is None else Path(root)) as tree:
+        _write_all(tree, files)
+
+
+def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]]) -> None:
+    folders = list(dict.fromkeys(Path(path).parent for path, _ in files))
+    for folder in folders:  # every planted link named before any folder is made
+        tree.folder(folder, create=False)
+    places = [_Place(Path(path), tree.folder(Path(path).parent)) for path, _ in files]
+    for place in places:
+        place.folder.check_target(place.path.name)
     temps: list[str] = []
     try:
-        for path, data in files:
-            temps.append(_write_temp(Path(path), data))
-        for i, (path, _) in enumerate(files):
-            os.replace(temps[i], path)
+        for place, (_, data) in zip(places, files):
+            temps.append(_write_temp(place, data))
+        for folder in dict.fromkeys(place.folder for place in places):
+            folder.verify()
+        for place in places:
+            place.folder.check_target(place.path.name)
+        for i, place in enumerate(places):
+            os.replace(temps[i], place.path)
             temps[i] = ""
     except BaseException:
-        for tmp in temps:
+        for place, tmp in zip(places, temps):
             if tmp:
-                _unlink_quietly(tmp)
+                place.folder.unlink(Path(tmp).name)
         raise
-    for folder in dict.fromkeys(Path(path).parent for path, _ in files):
-        _fsync_dir(folder)
+    for folder in folders:
+        tree.folder(folder).fsync()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, root: str | os.PathLike | None = None) -> None:
     """Readers see the old file or the new one, never a half-written one, even after a crash
-    or Ctrl-C; a temp file is removed if writing fails."""
-    atomic_write_files([(Path(path), data)])
+    or Ctrl-C; a temp file is removed if writing fails. `root`: see atomic_write_files."""
+    atomic_write_files([(Path(path), data)], root)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _umask() -> int:
-    # os.umask() can only be read by setting it, which races with other threads creating
-    # files; Linux reports it in /proc instead. Elsewhere assume the common 022.
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable on POSIX; not possible (nor needed) on Windows.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def atomic_write_text(path: str | os.PathLike, text: str, root: str | os.PathLike | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), root)
 
 
 # ----------------------------------------------------------------------------- formats
@@ -191,7 +208,13 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
                    source: Source | None = None) -> list[Path]:
     """Write every output of one document, all or none (see the module docstring); returns the
     files written, the primary format (formats[0]) last. The crops of image regions
-    (figures.py), if any, are written first, with the rest, and not listed."""
+    (figures.py), if any, are written first, with the rest, and not listed; crops an earlier run
+    left that this one did not write are removed after.
+
+    Everything stays inside the output tree (`paths.root`; OutputPaths made without one, as
+    archive jobs make them, have it from the document's relative name: naming.output_root): a
+    symbolic link or a file planted in it where a folder of this document's goes fails the
+    document with a PlantedPath (an OSError) naming it, before anything is written or removed."""
     files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
     n_crops = len(files)
     if page_files:
@@ -200,6 +223,21 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
             files.append((paths.page_file(r.page), (head + _page_block(r, "../").rstrip("\n") + "\n").encode("utf-8")))
     for fmt in list(formats[1:]) + [formats[0]]:
         files.append((paths.file(fmt), _RENDERERS[fmt](results, source).encode("utf-8")))
-    atomic_write_files(files)
-    remove_stale(paths.base, [path for path, _ in files[:n_crops]])
+    crops = images_dir(paths.base)
+    with OutputTree(paths.root or output_root(paths.base, results[0].doc if results else None)) as tree:
+        tree.folder(crops, create=False)  # the stale crops' folder: a link there fails the document now
+        _write_all(tree, files)
+        remove_stale(tree.folder(crops, create=False), [path for path, _ in files[:n_crops]])
     return [path for path, _ in files[n_crops:]]
+
+
+def remove_old_page_files(paths: OutputPaths, pages: set[int], doc=None) -> None:
+    """Per-page files of pages a changed document no longer has (they would otherwise pass for
+    part of the new version), removed from its folder as the writers reach it: never through a
+    link (a planted one is a PlantedPath, as in write_document)."""
+    with OutputTree(paths.root or output_root(paths.base, doc)) as tree:
+        folder = tree.folder(paths.base, create=False)
+        for name in folder.names() if folder is not None else ():
+            m = PAGE_FILE.fullmatch(name)
+            if m and int(m.group(1)) not in pages:
+                folder.unlink(name)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ...errors import ModelError
-from .gguf import GGUFFile, meta
+from .gguf import GGUFFile, meta, meta_array
 
 # general.architecture values the engine runs; mistral and mixtral files say "llama".
 DECODER_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
@@ -59,7 +59,7 @@ def decoder_config(gf: GGUFFile) -> DecoderConfig:
     head_dim = key("attention.key_length", int, n_embd // n_head if n_head else 0)
     n_rot = key("rope.dimension_count", int, head_dim)
     n_expert = key("expert_count", int, 0)
-    tokens = gf.metadata.get("tokenizer.ggml.tokens")
+    tokens = meta_array(gf, "tokenizer.ggml.tokens", str, None)
     embd = gf.tensors.get("token_embd.weight")
     if embd is None:
         raise ModelError(gf.path, "missing tensor 'token_embd.weight'")

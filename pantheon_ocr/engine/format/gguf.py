@@ -92,12 +92,10 @@ class GGUFFile:
             infos = [self._tensor_info() for _ in range(n_tensors)]
         except (struct.error, IndexError, ValueError, UnicodeDecodeError, RecursionError):
             raise ModelError(self.path, f"truncated or corrupt GGUF header ({size} bytes)") from None
-        align = self.metadata.get("general.alignment", 32)
-        if isinstance(align, bool) or not isinstance(align, (int, np.integer)) or not 0 < align <= MAX_ALIGNMENT \
-                or align & (align - 1):
-            raise ModelError(self.path, f"metadata key 'general.alignment' is {align!r:.40}: it must be a power of two "
+        align = meta(self, "general.alignment", int, 32)
+        if not 0 < align <= MAX_ALIGNMENT or align & (align - 1):
+            raise ModelError(self.path, f"metadata key 'general.alignment' is {align}: it must be a power of two "
                                         f"up to {MAX_ALIGNMENT}")
-        align = int(align)
         data_start = -(-self._pos // align) * align
         for name, qtype, shape, rel in infos:
             if name in self.tensors:
@@ -218,23 +216,85 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 # -- typed metadata access: every miss names the key and the file ------------------------------
+# Every key the engine reads goes through `meta` (a single value) or `meta_array` (an array, its
+# element type checked too): a value of another type is one ModelError naming the key and the
+# file, never a TypeError further on. Values as GGUFFile parses them: Python int / float / bool /
+# str for single values, numpy arrays for arrays of numbers or booleans, lists for arrays of
+# strings and nested arrays.
 _MISSING = object()
+_KINDS = {  # kind -> (what it is called, accepts)
+    int: ("an integer", lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))),
+    float: ("a number", lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))),
+    str: ("a string", lambda v: isinstance(v, str)),
+    bool: ("a boolean", lambda v: isinstance(v, (bool, np.bool_))),
+}
+_ELEMENT_KINDS = {  # array element kind -> (what they are called, numpy dtype kinds accepted)
+    str: ("strings", ""),
+    int: ("integers", "iu"),
+    float: ("numbers", "iuf"),
+    bool: ("booleans", "b"),
+}
+_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _held(value: Any) -> str:
+    """What a metadata value holds, for messages: "uint32 values [0, 1, ...]", "a single
+    integer (5)", "string values ['a', ...]", "nested arrays"."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.name} values {_short(value.tolist())}"
+    if isinstance(value, list):
+        kinds = {type(v) for v in value}
+        if kinds and kinds <= {list, np.ndarray}:
+            return "nested arrays"
+        if kinds == {str}:
+            return f"string values {_short(value)}"
+        return "an empty array" if not value else "values of mixed types"
+    return f"a single {_NAMES.get(type(value), type(value).__name__)} ({_short(value)})"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _lookup(gf: GGUFFile, key: str, default: Any) -> Any:
+    value = gf.metadata.get(key, _MISSING)
+    if value is _MISSING and default is _MISSING:
+        raise ModelError(gf.path, f"missing metadata key {key!r}")
+    return value
 
 
 def meta(gf: GGUFFile, key: str, kind: type, default: Any = _MISSING) -> Any:
-    """metadata[key] checked to be of `kind` (int, float, str, bool, list); clear error otherwise."""
-    value = gf.metadata.get(key, _MISSING)
+    """metadata[key], a single value of `kind` (int, float, str, bool), as that Python type;
+    `default` when the key is absent (else a ModelError), a ModelError naming the key when it
+    holds anything else (an array included). Arrays: `meta_array`."""
+    what, accepts = _KINDS[kind]
+    value = _lookup(gf, key, default)
     if value is _MISSING:
-        if default is _MISSING:
-            raise ModelError(gf.path, f"missing metadata key {key!r}")
         return default
-    ok = {
-        int: lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, bool),
-        str: lambda v: isinstance(v, str),
-        bool: lambda v: isinstance(v, (bool, np.bool_)),
-        list: lambda v: isinstance(v, (list, np.ndarray)),
-    }[kind](value)
+    if not accepts(value):
+        raise ModelError(gf.path, f"metadata key {key!r} must be {what}, but it holds {_held(value)}")
+    return kind(value)
+
+
+def meta_array(gf: GGUFFile, key: str, of: type, default: Any = _MISSING, *, length: int | None = None,
+               finite: bool = False) -> Any:
+    """metadata[key], an array whose elements are all of kind `of` (str, int, float, bool): a
+    list of str, or a numpy array of numbers (any integer dtype for int, any integer or float
+    dtype for float) or booleans; with `length`, exactly that many; with `finite`, no inf or
+    nan. `default` when the key is absent (else a ModelError); anything else (a single value, a
+    string array for numbers, numbers for strings, nested arrays) is a ModelError naming the key."""
+    words, kinds = _ELEMENT_KINDS[of]
+    value = _lookup(gf, key, default)
+    if value is _MISSING:
+        return default
+    if of is str:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    else:
+        ok = isinstance(value, np.ndarray) and value.dtype.kind in kinds
+    ok = ok and (length is None or len(value) == length) and (not finite or bool(np.all(np.isfinite(value))))
     if not ok:
-        raise ModelError(gf.path, f"metadata key {key!r} has {type(value).__name__} value {value!r:.60}, expected {kind.__name__}")
-    return kind(value) if kind in (int, float, str, bool) else value
+        things = ("finite " if finite else "") + words
+        want = f"be an array of {things}" if length is None else f"hold {length} {things}"
+        raise ModelError(gf.path, f"metadata key {key!r} must {want}, but it holds {_held(value)}")
+    return list(value) if of is str else value

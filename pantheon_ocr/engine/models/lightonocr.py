@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import ModelError
 from ..attention import TowerOptions
-from ..format.gguf import GGUFFile, meta, open_gguf
+from ..format.gguf import GGUFFile, meta, meta_array, open_gguf
 from ..ops import add_bias, gelu_erf, rmsnorm
 from ..image.preprocess import ImageSource, preprocess
 from ..text_model import TextModel
@@ -207,9 +207,7 @@ class LightOnOCR:
 
     def _vocab_lookup(self, piece: str) -> int | None:
         if self._vocab is None:
-            tokens = self.text.gguf.metadata.get("tokenizer.ggml.tokens")
-            if tokens is None:
-                raise ModelError(self.text.path, "missing metadata key 'tokenizer.ggml.tokens'")
+            tokens = meta_array(self.text.gguf, "tokenizer.ggml.tokens", str)
             self._vocab = {t: i for i, t in enumerate(tokens)}
         return self._vocab.get(piece)
 

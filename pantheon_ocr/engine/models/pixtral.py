@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import ModelError
 from ..attention import TowerOptions
 from ..format.config import in_range, positive_finite
-from ..format.gguf import GGUFFile, meta
+from ..format.gguf import GGUFFile, meta, meta_array
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles_2d, swiglu
 from ..format.weights import Storage, Weight, WeightLoader
 from .reader import MAX_IMAGE_SIDE, ReadingHints, reading_hints
@@ -49,11 +49,6 @@ class VisionConfig:
     hints: ReadingHints | None = None
 
 
-def _show(v) -> str:
-    text = repr(v.tolist() if isinstance(v, np.ndarray) else v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def vision_config(gf: GGUFFile) -> VisionConfig:
     """Build the vision config from an mmproj GGUF's metadata; every problem names key and file."""
     arch = meta(gf, "general.architecture", str)
@@ -79,13 +74,8 @@ def vision_config(gf: GGUFFile) -> VisionConfig:
     head_dim = n_embd // n_head
     if head_dim % 4:
         raise ModelError(gf.path, f"vision head size {head_dim} is not a multiple of 4 (needed by the 2-D RoPE)")
-    stats = {}
-    for name in ("image_mean", "image_std"):
-        v = key(name, list)
-        # GGUF number arrays arrive as numpy arrays; anything else (strings, nested arrays) is not numbers
-        if not (isinstance(v, np.ndarray) and v.dtype.kind in "iuf" and v.shape == (3,) and np.all(np.isfinite(v))):
-            raise ModelError(gf.path, f"'clip.vision.{name}' must hold 3 finite numbers, got {_show(v)}")
-        stats[name] = tuple(float(np.float32(x)) for x in v)
+    stats = {name: tuple(float(np.float32(x)) for x in meta_array(gf, f"clip.vision.{name}", float, length=3, finite=True))
+             for name in ("image_mean", "image_std")}
     if min(stats["image_std"]) <= 0:
         raise ModelError(gf.path, f"'clip.vision.image_std' must be positive, got {list(stats['image_std'])}")
     cfg = VisionConfig(

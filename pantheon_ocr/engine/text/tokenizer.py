@@ -34,7 +34,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ...errors import ModelError
 from .chat import render_chatml
-from ..format.gguf import GGUFFile, meta
+from ..format.gguf import GGUFFile, meta, meta_array
 from .vocab import (
     CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, USER_DEFINED, bpe_pieces, build_bpe, build_spm, spm_pieces,
 )
@@ -196,30 +196,11 @@ def _clean_spaces(text: bytes) -> bytes:
 
 
 # -- loading ------------------------------------------------------------------------------------
-def _strings(gf: GGUFFile, key: str) -> list[str]:
-    """A GGUF array of strings (tokens, merges); a clear error for numbers or nested arrays."""
-    value = meta(gf, key, list)
-    if isinstance(value, np.ndarray) or not all(isinstance(v, str) for v in value):
-        kind = value.dtype.name if isinstance(value, np.ndarray) else type(next(v for v in value if not isinstance(v, str))).__name__
-        raise ModelError(gf.path, f"metadata key {key!r} must be an array of strings, but it holds {kind} values")
-    return list(value)
-
-
-def _numbers(gf: GGUFFile, key: str, kinds: str) -> np.ndarray | None:
-    """A GGUF array of numbers (numpy dtype kind in `kinds`), or None when absent."""
-    value = meta(gf, key, list, None)
-    if value is not None and not (isinstance(value, np.ndarray) and value.dtype.kind in kinds):
-        kind = value.dtype.name if isinstance(value, np.ndarray) else "string or nested array"
-        raise ModelError(gf.path, f"metadata key {key!r} must be an array of {'integers' if kinds == 'iu' else 'numbers'}, "
-                                  f"but it holds {kind} values")
-    return value
-
-
 def load_tokenizer(gf: GGUFFile) -> Tokenizer:
     """Build the tokenizer described by a GGUF's tokenizer.* metadata (see module docstring)."""
     path = gf.path
     model = meta(gf, "tokenizer.ggml.model", str)
-    tokens = _strings(gf, "tokenizer.ggml.tokens")
+    tokens = meta_array(gf, "tokenizer.ggml.tokens", str)
     n = len(tokens)
     if n == 0:
         raise ModelError(path, "tokenizer.ggml.tokens is empty")
@@ -230,7 +211,7 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
         seen: set[str] = set()
         dup = next(t for t in tokens if t in seen or seen.add(t))
         raise ModelError(path, f"duplicate token {dup!r} in tokenizer.ggml.tokens")
-    types = _numbers(gf, "tokenizer.ggml.token_type", "iu")
+    types = meta_array(gf, "tokenizer.ggml.token_type", int, None)
     if types is None:
         attrs = np.full(n, NORMAL, dtype=np.int32)
     elif len(types) < n:
@@ -248,13 +229,13 @@ def load_tokenizer(gf: GGUFFile) -> Tokenizer:
         if pre is None:
             raise ModelError(path, f"unknown pre-tokenizer {pre_name!r} (tokenizer.ggml.pre); supported: "
                                    + ", ".join(sorted(PRE_TOKENIZERS)))
-        hf = build_bpe(path, token_to_id, _strings(gf, "tokenizer.ggml.merges"), pre)
+        hf = build_bpe(path, token_to_id, meta_array(gf, "tokenizer.ggml.merges", str), pre)
         # llama.cpp defaults bos/eos to 11 for gpt2 vocabularies; an absent id is more honest.
         bos_id, eos_id = token_key("bos_token_id", None), token_key("eos_token_id", None)
         add_bos, add_space_prefix, clean_spaces = pre.add_bos, False, pre.clean_spaces
         pieces = bpe_pieces(tokens, attrs)
     elif model == "llama":
-        scores = _numbers(gf, "tokenizer.ggml.scores", "iuf")
+        scores = meta_array(gf, "tokenizer.ggml.scores", float, None)
         scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)[:n]
         if len(scores) < n:
             raise ModelError(path, f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")

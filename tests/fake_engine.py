@@ -76,6 +76,9 @@ class WholePrompt:
     def start_prefill(self, features, sampling):
         return self.prefill(features, sampling)
 
+    def vision_many(self, images):
+        return [self.vision(im) for im in images]
+
     def prefill_steps(self, seqs) -> None:
         assert not any(s.prefilling for s in seqs)
 

@@ -123,6 +123,9 @@ class TimedEngine:
     def vision(self, image):
         return self._busy("vision", self.inner.vision, image)
 
+    def vision_many(self, images):
+        return self._busy("vision", self.inner.vision_many, images)
+
     def start_prefill(self, features, sampling):
         return self._busy("prefill", self.inner.start_prefill, features, sampling)
 

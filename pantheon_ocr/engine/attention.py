@@ -21,6 +21,11 @@ from ..options import ATTENTION_KINDS
 # as fast as 256 with one BLAS thread (0.66 s vs 0.67 s), but 8.3 s vs 1.7 s with two BLAS
 # threads on a loaded 2-core machine (`pantheon-ocr bench ocr`, docs/benchmarks.md).
 Q_BLOCK, KV_BLOCK = 256, 256
+# Keys per block of the padded decode attention: every row computes whole blocks up to the
+# longest row's length, so short sequences (a reader's line pieces: ~50 positions) waste less
+# with 64 than with 256 (measured: a step of 180 line sequences, 4 layers, 1.8 s -> see
+# docs/benchmarks.md); a long page (3,000 positions) pays ~50 block iterations per layer.
+DECODE_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def flash_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=
 
 
 def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths: np.ndarray, *,
-                            scale: float, block: int = KV_BLOCK) -> np.ndarray:
+                            scale: float, block: int = DECODE_BLOCK) -> np.ndarray:
     """One decode step of n sequences at once: q [n, Hq, D] (one query each), k/v [n, Hkv, cap, D]
     (one padded buffer, cap a multiple of `block`), lengths [n] keys each row holds (0: the row
     takes no part; its output is 0) -> [n, Hq, D] float32.

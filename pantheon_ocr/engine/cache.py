@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .attention import KV_BLOCK, TowerOptions, padded_decode_attention
+from .attention import DECODE_BLOCK, KV_BLOCK, TowerOptions, padded_decode_attention
 
 FIRST_CAP = 256  # positions a new slot starts with; caps grow by doubling, in whole KV blocks
 
@@ -179,16 +179,20 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
         groups.setdefault(id(c.pool), []).append(b)
     for members in groups.values():
         pool = caches[members[0]].pool
-        slots = [caches[b].held_slot() for b in members]
-        lo, hi = min(slots), max(slots) + 1
-        qs = np.zeros((hi - lo, *q.shape[1:]), np.float32)
-        lengths = np.zeros(hi - lo, np.int64)
-        for b, s in zip(members, slots):
-            qs[s - lo] = q[b]
-            lengths[s - lo] = caches[b].held(n_pos[b])
-        a = padded_decode_attention(qs, pool.k[layer][lo:hi], pool.v[layer][lo:hi], lengths, scale=scale)
-        for b, s in zip(members, slots):
-            out[b] = a[s - lo]
+        slots = np.array([caches[b].held_slot() for b in members])
+        lengths = np.array([caches[b].held(n_pos[b]) for b in members], np.int64)
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        keys = -(-int(lengths.max()) // DECODE_BLOCK) * DECODE_BLOCK  # the blocks any row needs
+        if len(members) >= 0.75 * (hi - lo):  # nearly every slot of the range is live: a view
+            k, v = pool.k[layer][lo:hi, :, :keys], pool.v[layer][lo:hi, :, :keys]
+            rows = slots - lo
+            qs = np.zeros((hi - lo, *q.shape[1:]), np.float32)
+            lens = np.zeros(hi - lo, np.int64)
+            qs[rows], lens[rows] = q[members], lengths
+        else:  # a sparse range (many finished neighbours): copy the live slots' needed keys only
+            k, v = pool.k[layer][slots, :, :keys], pool.v[layer][slots, :, :keys]
+            rows, qs, lens = np.arange(len(members)), q[members], lengths
+        out[members] = padded_decode_attention(qs, k, v, lens, scale=scale, block=DECODE_BLOCK)[rows]
     return out
 
 

@@ -131,6 +131,14 @@ class OCREngine:
             return self.vision_backend.encode(self.vlm.preprocess(image))
         return self.vlm.encode_image(image)
 
+    def vision_many(self, images: list) -> list[np.ndarray]:
+        """The vision stage of several images (a page's line pieces) at once; features each."""
+        if not images:
+            return []
+        if self.vision_backend is not None:
+            return [self.vision_backend.encode(self.vlm.preprocess(im)) for im in images]
+        return self.vlm.encode_images(images)
+
     def prefill(self, features: np.ndarray, sampling: SamplingOptions) -> PageSeq:
         """A new sequence with its whole prompt prefilled (its first token chosen)."""
         seq = self.start_prefill(features, sampling)

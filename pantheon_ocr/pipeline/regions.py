@@ -118,7 +118,12 @@ class SegmentedEngine:
             images = [line_images(clean, r.box, h.line_height, h.patch_size, h.line_width) for r in regions]
         else:
             images = [[block_image(image, r.box)] for r in regions]
-        return RegionFeatures(regions, [[self.engine.vision(im) for im in parts] for parts in images])
+        flat = self.engine.vision_many([im for parts in images for im in parts])
+        it = iter(flat)
+        return RegionFeatures(regions, [[next(it) for _ in parts] for parts in images])
+
+    def vision_many(self, images: list[Image.Image]) -> list[RegionFeatures]:
+        return [self.vision(im) for im in images]
 
     def start_prefill(self, page: RegionFeatures, sampling: SamplingOptions) -> RegionGroup:
         seqs = [[self.engine.start_prefill(f, self._budget(f, sampling)) for f in parts] for parts in page.features]

@@ -139,9 +139,8 @@ def normalise_ground(grey: np.ndarray) -> np.ndarray:
     th, tw = -(-h // t), -(-w // t)
     padded = np.pad(grey, ((0, th * t - h), (0, tw * t - w)), mode="edge")
     bins = (padded.reshape(th, t, tw, t).transpose(0, 2, 1, 3).reshape(th * tw, t * t) >> 3).astype(np.int64)
-    hist = np.zeros((th * tw, 32), np.int32)
-    np.add.at(hist, (np.repeat(np.arange(th * tw), t * t), bins.ravel()), 1)
-    hist = hist.reshape(th, tw, 32)
+    bins += (np.arange(th * tw) * 32)[:, None]  # one histogram of 32 tone bins per tile
+    hist = np.bincount(bins.ravel(), minlength=th * tw * 32).reshape(th, tw, 32).astype(np.int32)
     wide = _box_sum(hist, 5).argmax(-1)  # [th, tw] mode bin of the 80-px neighbourhood
     own = hist.argmax(-1)
     flat = hist.max(-1) >= 0.6 * t * t  # one tone covers the tile

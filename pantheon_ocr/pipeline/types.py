@@ -53,6 +53,11 @@ class PageEngine(Protocol):
         with the CPU stage's calls (which always run on one other thread)."""
         ...
 
+    def vision_many(self, images: list[Image.Image]) -> list[Any]:
+        """The vision stage of several images at once (a page's line pieces): their features in
+        order. Engines that cannot batch images run them one by one."""
+        ...
+
     def start_prefill(self, features: Any, sampling: SamplingOptions) -> Seq:
         """CPU stage: a new sequence for a page's features, its prompt not yet prefilled; cheap."""
         ...

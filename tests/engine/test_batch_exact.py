@@ -96,6 +96,16 @@ def test_lightonocr_text_batch_rows_are_exact(B, weights):
     assert_varied(streams)
 
 
+def test_rows_are_exact_when_most_slots_of_the_range_have_left():
+    """Most sequences leave early, so the survivors sit far apart in the pool: decode attention
+    then gathers their slots (cache.decode_attend's sparse path) instead of viewing the range;
+    the rows still equal their solo twins bit for bit."""
+    model = load_model(LIGHTONOCR_TEXT, weights="f32")
+    prompts = _prompts(model.config.n_vocab, 12, seed=21)
+    leaves = [8 if b in (0, 11) else 2 for b in range(12)]  # 2 of 12 carry on: a sparse range
+    assert_varied(run_exact(model.decoder, prompts, [0] * 12, steps=8, leaves=leaves, no_repeat=True))
+
+
 # Sequences join one schedule so that the batch holds 1, 2, 3, 7, 16 and then 33 of them on
 # consecutive steps: one model load walks every batch size. Twins are decoded for the first
 # sequence and the last to join (each twin costs one forward per step).

@@ -60,10 +60,16 @@ class Projector:
 
     def forward(self, x: np.ndarray, grid: tuple[int, int], capture: dict | None = None) -> np.ndarray:
         """Vision features [N, D] on a (h, w) patch grid -> image token embeddings [M, n_embd]."""
-        h, w = grid
-        x = rmsnorm(x, self.norm, self.eps)  # [N, D]
-        keep(capture, "proj_norm", x)
-        x = merge_patches(x, h, w, self.merge)  # [M, D*s*s]
+        return self.forward_many([x], [grid], capture)[0]
+
+    def forward_many(self, xs: list[np.ndarray], grids: list[tuple[int, int]], capture: dict | None = None
+                     ) -> list[np.ndarray]:
+        """Several images' features at once (their merged rows share each matmul)."""
+        merged = [merge_patches(rmsnorm(x, self.norm, self.eps), h, w, self.merge)  # [M_i, D*s*s]
+                  for x, (h, w) in zip(xs, grids)]
+        if capture is not None:
+            keep(capture, "proj_norm", rmsnorm(xs[0], self.norm, self.eps))
+        x = np.concatenate(merged)  # [M, D*s*s]
         keep(capture, "merger_in", x)
         x = self.merger.matmul(x)  # [M, D]
         keep(capture, "merger_out", x)
@@ -71,7 +77,8 @@ class Projector:
         keep(capture, "proj_linear_1", x)
         x = add_bias(self.linear_2.matmul(gelu_erf(x)), self.bias_2)  # [M, n_embd]
         keep(capture, "image_features", x)
-        return x
+        ends = np.cumsum([len(m) for m in merged])
+        return np.split(x, ends[:-1])
 
 
 def check_mmproj(gf: GGUFFile) -> VisionConfig:
@@ -161,6 +168,13 @@ class LightOnOCR:
         keep(capture, "pixel_values", pixels)
         x, grid = self.vision.forward(pixels, capture)  # [N, D], (h, w)
         return self.projector.forward(x, grid, capture)  # [M, n_embd]
+
+    def encode_images(self, images: list) -> list[np.ndarray]:
+        """Several images at once (a page's line pieces): every matmul of the tower and the
+        projector runs once over all their patches. Image token embeddings [M_i, n_embd] each."""
+        pixels = [im if _is_pixels(im) else self.preprocess(im) for im in images]
+        xs, grids = self.vision.forward_many(pixels)
+        return self.projector.forward_many(xs, grids)
 
     def n_image_tokens(self, height: int, width: int) -> int:
         """Image tokens for pixels of height x width (already resized)."""

@@ -178,38 +178,58 @@ class PixtralVision:
     def forward(self, pixels: np.ndarray, capture: dict | None = None) -> tuple[np.ndarray, tuple[int, int]]:
         """pixels float32 [3, H, W] (H, W multiples of the patch size) -> ([N, D], (h, w)).
         capture: optional dict that receives every intermediate stage."""
+        (x,), (grid,) = self.forward_many([pixels], capture)
+        return x, grid
+
+    def forward_many(self, images: list[np.ndarray], capture: dict | None = None
+                     ) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+        """Several images at once: their patches go through every matmul together (one weight
+        read for all: the line pieces of a page are tens of patches each), attention stays within
+        each image. -> (features [N_i, D] per image, (h_i, w_i) per image)."""
         c, p = self.cfg, self.cfg.patch_size
-        ch, hh, ww = pixels.shape
-        if ch != 3 or hh % p or ww % p or hh == 0 or ww == 0:
-            raise ValueError(f"pixels must be [3, H, W] with H, W positive multiples of {p}, got {list(pixels.shape)}")
-        h, w = hh // p, ww // p
-        x = pixels.reshape(3, h, p, w, p)  # [3, h, p, w, p]
-        x = x.transpose(1, 3, 0, 2, 4).reshape(h * w, 3 * p * p)  # [N, 3*p*p] in (channel, dy, dx) order
-        x = add_bias(self.patch_embd.matmul(np.ascontiguousarray(x, dtype=np.float32)), self.patch_bias)  # [N, D]
+        patches, rows, cols, spans, grids = [], [], [], [], []
+        for pixels in images:
+            ch, hh, ww = pixels.shape
+            if ch != 3 or hh % p or ww % p or hh == 0 or ww == 0:
+                raise ValueError(f"pixels must be [3, H, W] with H, W positive multiples of {p}, got {list(pixels.shape)}")
+            h, w = hh // p, ww // p
+            x = pixels.reshape(3, h, p, w, p)  # [3, h, p, w, p]
+            patches.append(x.transpose(1, 3, 0, 2, 4).reshape(h * w, 3 * p * p))  # [N_i, 3*p*p] (channel, dy, dx)
+            r, cc = np.divmod(np.arange(h * w), w)  # [N_i] each: patch (row, col)
+            rows.append(r)
+            cols.append(cc)
+            start = spans[-1][1] if spans else 0
+            spans.append((start, start + h * w))
+            grids.append((h, w))
+        x = np.ascontiguousarray(np.concatenate(patches), dtype=np.float32)  # [N, 3*p*p]
+        x = add_bias(self.patch_embd.matmul(x), self.patch_bias)  # [N, D]
         keep(capture, "vision_patch_embeds", x)
         x = rmsnorm(x, self.pre_ln, c.eps)  # [N, D]
         keep(capture, "vision_ln_pre", x)
-        rows, cols = np.divmod(np.arange(h * w), w)  # [N] each: patch (row, col)
-        cos, sin = rope_angles_2d(rows, cols, c.head_dim, c.rope_base)  # [N, head_dim/2] each
+        cos, sin = rope_angles_2d(np.concatenate(rows), np.concatenate(cols), c.head_dim, c.rope_base)  # [N, head_dim/2]
         hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):
             t0 = time.perf_counter() if hook else 0.0
-            x = self.block(layer, x, cos, sin)  # [N, D]
+            x = self.block(layer, x, cos, sin, spans)  # [N, D]
             if hook:
                 hook(i, time.perf_counter() - t0)
             keep(capture, f"vision_layer_{i}", x)
-        return x, (h, w)
+        return [x[a:b] for a, b in spans], grids
 
-    def block(self, layer: PixtralLayer, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def block(self, layer: PixtralLayer, x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+              spans: list[tuple[int, int]]) -> np.ndarray:
         c = self.cfg
         n = x.shape[0]
         hn = rmsnorm(x, layer.ln1, c.eps)  # [N, D]
         q = add_bias(layer.attn_q.matmul(hn), layer.attn_q_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
         k = add_bias(layer.attn_k.matmul(hn), layer.attn_k_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
         v = add_bias(layer.attn_v.matmul(hn), layer.attn_v_bias).reshape(n, c.n_head, c.head_dim)  # [N, H, d]
-        q = apply_rope(q, cos, sin, neox=False)  # [N, H, d] adjacent pairs (permuted GGUF rows)
-        k = apply_rope(k, cos, sin, neox=False)  # [N, H, d]
-        a = self.attention(q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2))  # [H, N, d]
+        q = apply_rope(q, cos, sin, neox=False).transpose(1, 0, 2)  # [H, N, d] adjacent pairs (permuted GGUF rows)
+        k = apply_rope(k, cos, sin, neox=False).transpose(1, 0, 2)  # [H, N, d]
+        v = v.transpose(1, 0, 2)  # [H, N, d]
+        a = np.empty_like(q)
+        for s, e in spans:  # each image attends to its own patches only
+            a[:, s:e] = self.attention(q[:, s:e], k[:, s:e], v[:, s:e])  # [H, N_i, d]
         a = a.transpose(1, 0, 2).reshape(n, c.n_embd)  # [N, D]
         x = x + add_bias(layer.attn_out.matmul(a), layer.attn_out_bias)  # [N, D]
         hn = rmsnorm(x, layer.ln2, c.eps)  # [N, D]

@@ -1,3 +1,21 @@
-"""pantheon-ocr: bulk OCR with LightOnOCR GGUF models on a numpy engine."""
+"""pantheon-ocr: bulk OCR of PDFs and page images with LightOnOCR GGUF models on its own engine.
+
+    import pantheon_ocr
+    reader = pantheon_ocr.Reader()            # the bundled reader, or model="lightonocr-2", ...
+    for page in reader.read("scan.pdf"):
+        print(page.page, page.text)
+
+The command line (`pantheon-ocr`) runs the same pipeline; see pantheon_ocr/api.py.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Page", "Reader"]
+
+
+def __getattr__(name: str):
+    # Lazy: `import pantheon_ocr` (and `pantheon-ocr --help`) stays instant, no numpy loaded.
+    if name in __all__:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'pantheon_ocr' has no attribute {name!r}")

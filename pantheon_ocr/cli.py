@@ -11,7 +11,7 @@ import click
 # name -> (module under pantheon_ocr.commands, attribute, one-line help)
 COMMANDS = {
     "transcribe": ("transcribe", "transcribe", "Transcribe PDFs and images to Markdown."),
-    "archive": ("archive", "archive", "Nightly archive jobs: run, resume, status, report."),
+    "archive": ("archive", "archive", "Nightly archive jobs: run (and resume), status, report."),
     "bench": ("bench", "bench", "Per-page throughput benchmark, configurations side by side."),
     "models": ("models", "models", "Get LightOnOCR models: pull from the Hugging Face Hub, list the ones here."),
     "inspect": ("engine", "inspect", "Describe a GGUF model: architecture, shapes, quant types, memory."),

@@ -16,7 +16,7 @@ import it.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ KV_DTYPES = ("float32", "float16")
 ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or the naive reference
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
 FORMATS = ("md", "jsonl", "txt")
+TEXT_LAYER_MODES = ("ocr", "prefer", "fallback")  # what a PDF's own text layer is used for
 MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
 PREFILL_CHUNK = 512  # prompt tokens per prefill step: a Letter page's ~2,330-token prompt is 5 chunks
 
@@ -212,8 +213,14 @@ class PipelineOptions:
     page_timeout: float | None = option(None, "Fail a page whose vision + prefill + decode take longer (reason: "
                                               "timeout); the batch goes on.", kind="float", lo=0, hi=86400,
                                         lo_open=True, metavar="SECONDS")
-    text_fallback: bool = option(True, "A PDF page whose OCR failed takes the PDF's own text layer, marked as such, "
-                                       "if it has one.")
+    text_layer: str = option("fallback", "A PDF's own text layer: ocr = never used; fallback = a page whose OCR "
+                                         "failed takes it, marked as such; prefer = a page whose text layer holds real "
+                                         "text keeps it and only the other pages are read by OCR.",
+                             choices=TEXT_LAYER_MODES)
+    # The old spelling: text_fallback=False is text_layer="ocr", True is "fallback".
+    text_fallback: InitVar[bool | None] = None
+    # Archive jobs fall back themselves, after a page's last attempt: their pipeline does not.
+    fallback_in_pipeline: bool = True
     render_queue: int = 4  # rendered pages waiting for the vision stage
     features_queue: int = 2  # encoded pages waiting for a decode slot
     longest_edge: int | None = option(None, "Render pages at this longest edge (default: the model's).", kind="int",
@@ -222,8 +229,10 @@ class PipelineOptions:
                                        "its own sequence (default: what the model's GGUF asks for; LightOnOCR reads "
                                        "pages).", kind="choice", choices=SEGMENT_MODES)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, text_fallback: bool | None) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if text_fallback is not None:
+            object.__setattr__(self, "text_layer", "fallback" if text_fallback else "ocr")
         _validate(self)
         for name in ("render_queue", "features_queue"):
             if getattr(self, name) < 1:

@@ -69,15 +69,15 @@ class Planner:
             stamp = (sha, st.st_size, st.st_mtime_ns)
             seen.append((self.run_id, *(stamp[1:] if row["sha256"] == sha else (row["size"], row["mtime_ns"])), row["id"]))
             if row["sha256"] != sha:
-                self.log.events["new" if row["sha256"] is None else "changed"] += 1
+                self.log.document("new" if row["sha256"] is None else "changed", doc.path)
                 to_count.append((doc, row["id"], stamp, row["sha256"] is not None))
             elif row["n_pages"] is None:
                 if self.retry_failed:
                     to_count.append((doc, row["id"], stamp, False))
                 else:
-                    self.log.events["skipped (unreadable)"] += 1
+                    self.log.document("skipped (unreadable)", doc.path)
             else:
-                self.log.events["unchanged"] += 1
+                self.log.document("unchanged", doc.path)
                 if row["pages_spec"] != self.pages_spec:
                     self._set_pages(row["id"], stamp, row["n_pages"], keep_done=True)
                 if self.retry_failed:

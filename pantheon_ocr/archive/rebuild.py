@@ -27,7 +27,7 @@ from .report import RunLog
 from .sqlite import StateDamaged
 from .state import JobState
 
-_MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer): (.*))? -->$")
+_MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
 
 
 def fresh_state(spec) -> tuple[JobState, str | None]:

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import path_text
+from ..errors import JobError, path_text
 from ..pipeline.outputs import atomic_write_text
 from ..pipeline.types import STAGES
 from .lock import lock_is_stale
 from .report_html import render_html
 from .sqlite import translate
+from .wording import count as _count
+from .wording import documents_line, failures_heading
 from .state import JobState
 
 
@@ -27,9 +29,16 @@ class RunLog:
 
     t0: float = field(default_factory=time.time)
     events: Counter = field(default_factory=Counter)  # documents: new, changed, unchanged, written, ...
+    lists: dict = field(default_factory=dict)  # the same events: which documents (paths)
     failures: list[dict] = field(default_factory=list)  # final failures of this run
     attempts: list[dict] = field(default_factory=list)  # every page attempt of this run, in order
     notes: list[str] = field(default_factory=list)
+
+    def document(self, event: str, path) -> None:
+        """A document was planned (new, changed, unchanged, skipped (unreadable)) or came out of the
+        run (written, partial, failed (no page), write failed)."""
+        self.events[event] += 1
+        self.lists.setdefault(event, []).append(path_text(path))
 
     def fail(self, path: str, page: int | None, reason: str, attempts: int = 0) -> None:
         self.failures.append({"path": path_text(path), "page": page, "reason": reason, "attempts": attempts})
@@ -55,6 +64,7 @@ def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: d
         "finished": now,
         "seconds": round(now - log.t0, 3),
         "documents": dict(log.events),
+        "document_lists": {k: sorted(v) for k, v in log.lists.items()},
         "pages": {
             "attempted": len(attempts),
             "done": sum(a["outcome"] == "done" for a in attempts),
@@ -92,14 +102,13 @@ def run_lines(result) -> list[str]:
     """What a finished run says to the person who started it: totals, notes, every failure
     and where the report is (one line each)."""
     s = result.summary
-    docs = ", ".join(f"{n} {k}" for k, n in sorted(s["documents"].items())) or "no documents"
     p = s["pages"]
-    lines = [f"run {s['run']} of job {s['job']!r} {s['status']}: {docs}",
-             f"pages: {p['done']} done, {p['retried']} retried, {p['failed']} failed; {p['tokens']} tokens in "
-             f"{s['seconds']:.1f} s"]
+    lines = [f"run {s['run']} of job {s['job']!r} {s['status']}: {documents_line(s['documents'])}",
+             f"pages: {p['done']:,} done, {p['retried']:,} retried, {p['failed']:,} failed; "
+             f"{_count(p['tokens'], 'token')} in {s['seconds']:.1f} s"]
     lines += [f"note: {note}" for note in s["notes"]]
     if s["failures"]:
-        lines.append(f"{len(s['failures'])} failure(s):")
+        lines.append(failures_heading(s["failures"]) + ":")
         lines += [f"  {failure_line(f)}" for f in s["failures"]]
     if result.report_html:
         lines.append(f"report: {result.report_html}")
@@ -137,6 +146,29 @@ def job_status(spec) -> dict:
     finally:
         state.close()
     return out
+
+
+def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
+    """Render a run's report again from the job state (run_id None: the latest run): its JSON
+    and HTML files into the job's reports folder, as the run wrote them. JobError if there is no
+    such run, or it stopped before its summary was recorded."""
+    state = JobState.open(spec.state, spec.path, create_new=False)
+    if state is None:
+        raise JobError(f"{path_text(spec.path)}: no runs yet (no job state at {path_text(spec.state)})")
+    try:
+        found = state.run_summary(run_id)
+    except sqlite3.Error as e:
+        raise translate(spec.state, e, spec.path, "read") from None
+    finally:
+        state.close()
+    if found is None:
+        raise JobError(f"{path_text(spec.path)}: no run {run_id} in the job state" if run_id is not None
+                       else f"{path_text(spec.path)}: no runs yet")
+    rid, summary = found
+    if not summary:
+        raise JobError(f"{path_text(spec.path)}: run {rid} stopped before its report was recorded")
+    spec.reports.mkdir(parents=True, exist_ok=True)
+    return write_reports(json.loads(summary), spec.reports, rid)
 
 
 def _run_totals(summary: str | None) -> dict:

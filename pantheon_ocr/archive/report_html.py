@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ..pipeline.types import STAGES
+from .wording import failures_heading
 
 _MAX_ROWS = 500  # table rows in the HTML; the JSON has everything
 
@@ -107,17 +108,21 @@ def stages_svg(stage_seconds: dict, width: int = 640) -> str:
 def render_html(s: dict) -> str:
     p = s["pages"]
     ok = s["exit_code"] == 0
+    doc_failures = sum(f["page"] is None for f in s["failures"])
     cards = [
         ("status", f'{s["status"]} (exit {s["exit_code"]})'),
         ("duration", f'{s["seconds"]:.1f} s'),
         ("pages done", p["done"]),
-        ("retried", p["retried"]),
-        ("failed", p["failed"]),
+        ("pages retried", p["retried"]),
+        ("pages failed", p["failed"]),
+        ("documents failed", doc_failures),
         ("pages/min", f'{p["pages_per_minute"]:.1f}'),
         ("tokens/s", f'{p["tokens_per_second"]:.1f}'),
     ]
     card_html = "".join(f'<div class="card"><span class="muted">{_e(k)}</span><b>{_e(v)}</b></div>' for k, v in cards)
-    docs = [[k, v] for k, v in sorted(s["documents"].items())]
+    lists = s.get("document_lists", {})
+    docs = [[k, v, "; ".join(lists.get(k, [])[:50]) + (" ..." if len(lists.get(k, [])) > 50 else "")]
+            for k, v in s["documents"].items()]
     state = [[kind, st, n] for kind in ("documents", "pages") for st, n in sorted(s["state"][kind].items())]
     failures = [[f["path"], f["page"] or "(document)", f["reason"], f["attempts"] or ""] for f in s["failures"]]
     retries = [[r["path"], r["page"], r["attempt"], f'{r["temperature"]:g}', r["seed"], r["error"] or r["finish_reason"], r["outcome"]]
@@ -129,13 +134,13 @@ def render_html(s: dict) -> str:
 <body>
 <h1>Archive job <code>{_e(s["job"])}</code>, run {s["run"]}</h1>
 <p class="muted">{_e(s["job_file"])} · {_e(s["host"])} · {_e(s["executor"])} · {_when(s["started"])} to {_when(s["finished"])}</p>
-<p class="{'ok' if ok else 'bad'}">{'No failures.' if ok and not s["failures"] else f'{len(s["failures"])} failure(s).'}</p>
+<p class="{'ok' if ok else 'bad'}">{'No failures.' if ok and not s["failures"] else failures_heading(s["failures"]) + '.'}</p>
 <div class="cards">{card_html}</div>
 <h2>Throughput over time</h2>{throughput_svg(s["timeline"], s["seconds"])}
 <h2>Time per stage</h2>{stages_svg(s["stage_seconds"])}
 <h2>Failures</h2>{_table(["document", "page", "reason", "attempts"], failures)}
 <h2>Retries</h2>{_table(["document", "page", "attempt", "temperature", "seed", "why", "outcome"], retries, {1, 2, 4})}
-<h2>Documents this run</h2>{_table(["what", "count"], docs, {1})}
+<h2>Documents this run</h2>{_table(["what", "count", "which"], docs, {1})}
 <h2>Job state after the run</h2>{_table(["of", "status", "count"], state, {2})}
 <h2>Notes</h2><ul>{notes}</ul>
 </body></html>

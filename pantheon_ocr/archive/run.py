@@ -242,7 +242,7 @@ class _JobRun:
                 tasks.append(PageTask(doc, r["page"] - 1, r["n_pages"], sampling=sampling))
                 self.expect[(doc.doc_id, r["page"])] = (r["doc"], attempt, sampling)
             n_before = len(self.log.attempts)
-            self.say(f"{len(tasks)} page(s) to run" + ("" if n_before == 0 else " (retries)"))
+            self.say(f"{len(tasks):,} page{'s' if len(tasks) != 1 else ''} to run" + ("" if n_before == 0 else " (retries)"))
             if self.executor.run(tasks, self.options, self._record, self.on_progress):
                 raise KeyboardInterrupt
             if len(self.log.attempts) == n_before:  # nothing came back: do not loop forever
@@ -269,7 +269,7 @@ class _JobRun:
             error = result.error if problem == "error" else (
                 "the model kept repeating itself" if problem == "repetition" else f"no end of page within max_tokens ({sampling.max_tokens})"
             ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
-            if self.spec.ocr.text_fallback:  # every attempt failed: the PDF's own text, if it has some
+            if self.spec.ocr.text_layer != "ocr":  # every attempt failed: the PDF's own text, if it has some
                 result = self.fallback.apply([dataclasses.replace(result, error=error)])[0]
         now = time.time()
         secs = [result.seconds.get(s, 0.0) for s in STAGES]
@@ -325,4 +325,5 @@ class _JobRun:
                 status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
                 self.log.fail(row["path"], None, error)
         self.state.set_document_status(row_id, status, error)
-        self.log.events[{"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status]] += 1
+        self.log.document({"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status],
+                          row["path"])

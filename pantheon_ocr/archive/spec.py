@@ -135,6 +135,7 @@ SCHEMA: dict[str, dict[str, tuple[Callable[[Any], Any], Any]]] = {
         **_section(SamplingOptions),
         **_section(PipelineOptions, skip=("pages",)),
         "pages": (_pages, None),
+        "text_fallback": (_bool, None),  # the old spelling of text_layer: false = "ocr", true = "fallback"
     },
     "retry": {
         "attempts": (_int(1), 3),
@@ -213,7 +214,7 @@ class JobSpec:
         return replace(first, temperature=temps[min(attempt - 2, len(temps) - 1)], seed=first.seed + attempt - 1)
 
     def pipeline_options(self) -> PipelineOptions:
-        return replace(self.ocr, text_fallback=False)  # the job falls back itself, after the last attempt
+        return replace(self.ocr, fallback_in_pipeline=False)  # the job falls back itself, after the last attempt
 
 
 def _toml_module():

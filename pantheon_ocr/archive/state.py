@@ -219,6 +219,12 @@ class JobState:
         with Txn(self.db) as db:
             db.execute("DELETE FROM lock WHERE id=1 AND run=?", (run,))
 
+    def run_summary(self, run_id: int | None = None) -> tuple[int, str | None] | None:
+        """(run id, its summary JSON) of run `run_id` (None: the latest run), or None."""
+        sql = "SELECT id, summary FROM runs " + ("WHERE id=?" if run_id is not None else "ORDER BY id DESC LIMIT 1")
+        row = self.db.execute(sql, (run_id,) if run_id is not None else ()).fetchone()
+        return None if row is None else (row["id"], row["summary"])
+
     def recent_runs(self, n: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT id, started, finished, host, pid, executor, status, exit_code, summary, report_html "
                                "FROM runs ORDER BY id DESC LIMIT ?", (n,)).fetchall()

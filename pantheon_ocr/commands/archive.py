@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
-from contextlib import contextmanager
 
 import click
+
+from .common import count, sigterm_as_interrupt
 
 
 @click.group()
@@ -25,24 +25,6 @@ def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: in
     r = spec.ray
     return RayExecutor(engine_factory, address=ray_address, workers=ray_workers or r.workers,
                        cpus_per_worker=r.cpus_per_worker, chunk_pages=r.chunk_pages)
-
-
-@contextmanager
-def _sigterm_as_interrupt():
-    """cron/systemd stop a job with SIGTERM: handle it like Ctrl-C, so finished pages stay
-    recorded, the report is written and the lock released (exit code 130)."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @archive.command("run")
@@ -74,7 +56,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
     def log(line: str) -> None:
         click.echo(line, err=True)
 
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=progress_bar() if show else None, log=log,
                                  rebuild_state=rebuild_state)
     for line in run_lines(result):
@@ -88,6 +70,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
 def status(job, as_json) -> None:
     """Summarise JOB.toml's state: documents and pages by status, last runs, failures."""
     from ..archive.report import failure_line, job_status
+    from ..archive.wording import failures_heading
     from ..archive.spec import load_job
 
     info = job_status(load_job(job))
@@ -99,12 +82,12 @@ def status(job, as_json) -> None:
         click.echo("no runs yet")
         return
 
-    def counts(d: dict) -> str:
-        return ", ".join(f"{n} {k}" for k, n in sorted(d.items())) or "none"
+    def counts(d: dict, word: str) -> str:
+        return f"{count(sum(d.values()), word)}" + (" (" + ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) + ")" if d else "")
 
-    click.echo(f"documents: {counts(info['documents'])}"
+    click.echo(f"documents: {counts(info['documents'], 'document')}"
                + (f" ({info['not_in_last_run']} not among the last run's inputs)" if info.get("not_in_last_run") else ""))
-    click.echo(f"pages: {counts(info['pages'])}")
+    click.echo(f"pages: {counts(info['pages'], 'page')}")
     if info["running"]:
         r = info["running"]
         state = "stale lock (that run is gone; the next run takes over)" if r["stale"] else "running now"
@@ -114,9 +97,21 @@ def status(job, as_json) -> None:
         took = f"{(r['finished'] or time.time()) - r['started']:.0f} s"
         click.echo(f"run {r['id']}: {time.strftime('%Y-%m-%d %H:%M', time.localtime(r['started']))} {r['status']}"
                    + ("" if r["exit_code"] is None else f" (exit {r['exit_code']})")
-                   + (f", {t.get('pages', 0)} pages, {t.get('tokens', 0)} tokens in {took}" if t else "")
+                   + (f", {count(t.get('pages', 0), 'page')}, {count(t.get('tokens', 0), 'token')} in {took}" if t else "")
                    + (f"; report {r['report_html']}" if r["report_html"] else ""))
     if info["failures"]:
-        click.echo(f"failed ({len(info['failures'])}):")
+        click.echo(f"{failures_heading(info['failures'])}:")
         for f in info["failures"]:
             click.echo(f"  {failure_line(f)}")
+
+
+@archive.command("report")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--run", "run_id", type=click.IntRange(1), help="The run (default: the latest).")
+def report(job, run_id) -> None:
+    """Write a run's JSON and HTML report again from the job's state (into its reports folder)."""
+    from ..archive.report import rewrite_report
+    from ..archive.spec import load_job
+
+    for path in rewrite_report(load_job(job), run_id):
+        click.echo(f"wrote {path}")

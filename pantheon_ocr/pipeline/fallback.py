@@ -1,7 +1,15 @@
-"""The text-layer fallback: a PDF page whose OCR failed (every attempt) takes the PDF's own text
-layer, when it has one, instead of leaving a hole. The page stays counted as failed (its error is
-kept, so the run still says what went wrong); its result gets finish_reason "text-layer", which
-the Markdown marks `<!-- page N text-layer: reason -->` and JSONL as `"source": "text-layer"`.
+"""A PDF's own text layer, as `--text-layer` asks:
+
+- fallback (the default): a PDF page whose OCR failed (every attempt) takes the PDF's own text
+  layer, when it has one, instead of leaving a hole. The page stays counted as failed (its error
+  is kept, so the run still says what went wrong); the Markdown marks it
+  `<!-- page N text-layer: reason -->`, JSONL `"source": "text-layer"`.
+- prefer: before any OCR, every selected PDF page whose text layer holds real text
+  (`text_layer_problem`: enough printable characters, mostly words, no runs of garbage glyphs; a
+  scan with an OCR layer of its own counts as text) keeps it and is not read by OCR; the others
+  are. Such a page is not a failure; it is marked `<!-- page N text-layer -->` and
+  `"source": "text-layer"` in JSONL.
+- ocr: the text layer is never looked at.
 
 The text is read by PDFium, so in a crash-proof render worker of its own (started on first use:
 a night where every page reads well never starts it).
@@ -13,9 +21,40 @@ import dataclasses
 import threading
 from typing import Sequence
 
+import re
+import unicodedata
+
 from .render import text_layer
 from .render_pool import RenderPool
-from .types import TEXT_LAYER, PageResult
+from .types import TEXT_LAYER, PageResult, PageTask
+
+MIN_CHARS = 40  # fewer printed characters than this: no real text layer (a scan's stray label)
+# A run of this many symbols with no letter or digit is garbage glyphs (a font without a Unicode
+# map), unless it is a dot leader or a rule made of one character.
+GARBAGE_RUN = re.compile(r"[^\w\s]{8,}")
+
+
+LEADERS = re.compile(r"([^\w\s])\1{2,}")  # dot leaders and rules: one symbol repeated
+
+
+def text_layer_problem(text: str) -> str | None:
+    """Why a page's text layer is not real text, or None when it is."""
+    text = LEADERS.sub(" ", text)
+    chars = [c for c in text if not c.isspace()]
+    if len(chars) < MIN_CHARS:
+        return f"{len(chars)} characters of text"
+    odd = sum(unicodedata.category(c) in ("Co", "Cn", "Cs", "Cc") or c == "\ufffd" for c in chars)
+    if odd > 0.01 * len(chars):
+        return f"{odd} unprintable or private-use characters"
+    if sum(c.isalnum() for c in chars) < 0.6 * len(chars):
+        return "mostly symbols"
+    words = text.split()  # words and numbers (a table's cells), not glyph soup
+    if sum(sum(ch.isalnum() for ch in w) >= 0.5 * len(w) for w in words) < 0.6 * len(words):
+        return "few words"
+    runs = [m.group() for m in GARBAGE_RUN.finditer(text) if len(set(m.group())) > 2]
+    if runs:
+        return f"runs of garbage glyphs ({runs[0][:12]!r})"
+    return None
 
 
 class TextLayerFallback:
@@ -38,6 +77,21 @@ class TextLayerFallback:
                 found[(r.doc.doc_id, r.page)] = outcome.value
         return [dataclasses.replace(r, text=found[(r.doc.doc_id, r.page)], finish_reason=TEXT_LAYER)
                 if (r.doc.doc_id, r.page) in found else r for r in results]
+
+    def prefer(self, tasks: Sequence[PageTask], stop: threading.Event | None = None) -> dict[tuple[str, int], str]:
+        """{(doc_id, page): text} of the PDF pages among `tasks` whose text layer is real text."""
+        wanted = [t for t in tasks if t.doc.kind == "pdf"]
+        if not wanted:
+            return {}
+        if self.pool is None:
+            self.pool = RenderPool(workers=1, timeout=self.timeout, start_method=self.start_method)
+        found = {}
+        items = [(t.doc, t.page_index, self.password) for t in wanted]
+        for outcome in self.pool.imap(text_layer, items, stop or threading.Event()):
+            if outcome.error is None and outcome.value and text_layer_problem(outcome.value) is None:
+                t = wanted[outcome.index]
+                found[(t.doc.doc_id, t.page)] = outcome.value
+        return found
 
     def close(self) -> None:
         if self.pool is not None:

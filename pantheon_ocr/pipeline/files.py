@@ -54,6 +54,30 @@ def sha256_of(path: str | os.PathLike) -> tuple[str, os.stat_result]:
     return h.hexdigest(), st
 
 
+def file_stamp(doc) -> tuple | None:
+    """What identifies the version of a document's file: device, inode, size, mtime (None if it
+    cannot be read now; reading it will say why)."""
+    try:
+        st = os.stat(doc.path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def changed_since(doc, stamp: tuple | None) -> str | None:
+    """How the document's file differs from `stamp` (replaced, rewritten, gone), or None. A run
+    reads a document page by page in several processes: a file replaced meanwhile would give
+    pages of two versions under the first one's name and checksum."""
+    now = file_stamp(doc)
+    if stamp is None or now == stamp:
+        return None
+    if now is None:
+        return "the file is gone"
+    if now[:2] != stamp[:2]:
+        return "the file was replaced by another"
+    return "the file was rewritten"
+
+
 # -- the output tree: folders opened from its root without following links --------------------
 
 

@@ -146,8 +146,9 @@ def _comment_safe(text: str) -> str:
 def page_marker(result: PageResult) -> str:
     """`<!-- page 3 -->`, `<!-- page 3 failed: reason -->`, `<!-- page 3 stopped: max_tokens -->`,
     or `<!-- page 3 text-layer: reason -->` when the OCR failed and the PDF's own text stands in."""
-    if result.from_text_layer:
-        return f"<!-- page {result.page} {TEXT_LAYER}: {_comment_safe(result.error or '')} -->"
+    if result.from_text_layer:  # the OCR failed (error says why), or --text-layer prefer kept it
+        why = f": {_comment_safe(result.error)}" if result.error else ""
+        return f"<!-- page {result.page} {TEXT_LAYER}{why} -->"
     if result.error is not None:
         return f"<!-- page {result.page} failed: {_comment_safe(result.error)} -->"
     if result.finish_reason not in (None, "eos"):

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .files import changed_since, file_stamp
 from .inputs import Document, parse_pages, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
@@ -35,7 +36,20 @@ from .regions import for_options
 from .render import count_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
-from .types import DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress, RunSummary
+from .types import (NO_SELECTED_PAGE, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
+                    RunSummary)
+
+
+PROGRESS_EVERY = 0.5  # seconds between two progress reports while pages are under way
+
+
+def iter_queue(q: queue.Queue):
+    """What is in a queue now, without waiting."""
+    while True:
+        try:
+            yield q.get_nowait()
+        except queue.Empty:
+            return
 
 
 @dataclass
@@ -44,6 +58,8 @@ class _DocState:
     paths: OutputPaths
     expected: int
     results: list[PageResult] = field(default_factory=list)
+    stamp: tuple | None = None  # the file as planned (file_stamp): a change while reading fails the document
+    changed: str | None = None  # how it changed, once seen
 
 
 def run_pipeline(
@@ -57,6 +73,7 @@ def run_pipeline(
     tasks: Sequence[PageTask] | None = None,
     on_page: Callable[[PageResult], None] | None = None,
     write_outputs: bool = True,
+    stop: threading.Event | None = None,
 ) -> RunSummary:
     """OCR `documents` with `engine` and write the outputs; see the module docstring.
     `on_progress` is called from the calling thread after planning and after every page.
@@ -66,14 +83,17 @@ def run_pipeline(
     (no skipping of existing outputs, no page counting; `documents` without a task are reported
     skipped); `on_page` is called from the calling thread with each PageResult as it arrives,
     before its document is finished; `write_outputs=False` writes no files (statuses still say
-    whether each document came out complete, partial or failed)."""
+    whether each document came out complete, partial or failed). `stop`: setting it from another
+    thread ends the run as Ctrl-C does (the Python API's readers stop this way)."""
     validate_page_spec(options.pages)  # a bad spec fails before any work
-    return _Run(documents, engine, options, on_progress, render_fn, start_method, tasks, on_page, write_outputs).execute()
+    return _Run(documents, engine, options, on_progress, render_fn, start_method, tasks, on_page, write_outputs,
+                stop).execute()
 
 
 class _Run:
     def __init__(
-        self, documents, engine, options, on_progress, render_fn, start_method, tasks=None, on_page=None, write_outputs=True
+        self, documents, engine, options, on_progress, render_fn, start_method, tasks=None, on_page=None, write_outputs=True,
+        stop=None,
     ) -> None:
         unique: dict[str, Document] = {}
         for doc in documents:
@@ -91,24 +111,27 @@ class _Run:
         self.pool = RenderPool(
             workers=options.render_workers, timeout=options.render_timeout, start_method=start_method
         )
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.sources: dict = {}  # doc_id -> naming.Source, recorded in its outputs
-        self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) if options.text_fallback else None
+        self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) \
+            if options.text_layer != "ocr" else None
         self.figures = FigureCropper(options.password, options.render_timeout, start_method)  # bbox models' image regions
         self.stages: Stages | None = None
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
         self.pages_done = self.pages_failed = self.tokens = 0
-        self.t0 = time.perf_counter()
+        self.t0 = self.last_progress = time.perf_counter()
+        self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
     def execute(self) -> RunSummary:
         interrupted = False
         try:
             self._plan()
+            ocr_tasks = self._prefer_text_layers() if self.options.text_layer == "prefer" else self.tasks
             self._progress()
-            if self.tasks:
-                self.stages = Stages(self.engine, self.options, self.pool, self.render_fn, self.edge, self.tasks, self.stop)
+            if ocr_tasks:
+                self.stages = Stages(self.engine, self.options, self.pool, self.render_fn, self.edge, ocr_tasks, self.stop)
                 self.stages.start()
                 self._collect()
         except KeyboardInterrupt:
@@ -157,12 +180,12 @@ class _Run:
                 continue
             n_pages = outcome.value
             pages = parse_pages(opts.pages, n_pages, clip=True)
-            if not pages:
-                self.outcomes[doc.doc_id] = DocumentOutcome(
-                    doc, "skipped", note=f"no selected pages (the document has {n_pages})"
-                )
+            if not pages:  # nothing of it is read: a failure of this document, not a success
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", note=NO_SELECTED_PAGE, failures=(PageFailure(
+                    str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
+                                         f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
-            self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages))
+            self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages]
 
     def _plan_tasks(self, tasks: list[PageTask]) -> None:
@@ -175,18 +198,40 @@ class _Run:
         for task in tasks:
             state = self.states.get(task.doc.doc_id)
             if state is None:
-                state = self.states[task.doc.doc_id] = _DocState(task.doc, self.paths[task.doc.doc_id], 0)
+                state = self.states[task.doc.doc_id] = _DocState(task.doc, self.paths[task.doc.doc_id], 0,
+                                                                 stamp=file_stamp(task.doc))
             state.expected += 1
             self.tasks.append(task)
         for doc in self.documents:
             if doc.doc_id not in self.states:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "skipped", note="no pages to run")
 
+    def _prefer_text_layers(self) -> list[PageTask]:
+        """--text-layer prefer: pages whose text layer is real text are done now, from it; the
+        tasks left for OCR."""
+        found = self.fallback.prefer(self.tasks, self.stop)
+        left = []
+        for task in self.tasks:
+            text = found.get((task.doc.doc_id, task.page))
+            if text is None:
+                left.append(task)
+            else:
+                self._record(PageResult(task.doc, task.page, text, 0, TEXT_LAYER, None))
+        return left
+
     def _collect(self) -> None:
         while self.pages_done < len(self.tasks):
             try:
                 item = self.stages.results.get(timeout=POLL)
             except queue.Empty:
+                if self.stop.is_set():  # stopped from outside (the API), or a stage crashed
+                    time.sleep(POLL)  # a crashing stage sets stop, then queues its error
+                    crashed = [i for i in iter_queue(self.stages.results) if isinstance(i, StageCrashed)]
+                    if crashed:
+                        raise crashed[0].__cause__ or crashed[0]
+                    raise KeyboardInterrupt
+                if time.perf_counter() - self.last_progress >= PROGRESS_EVERY:
+                    self._progress()
                 continue
             if isinstance(item, StageCrashed):
                 raise item.__cause__ or item
@@ -199,6 +244,8 @@ class _Run:
         if self.on_page is not None:
             self.on_page(result)
         state = self.states[result.doc.doc_id]
+        if state.changed is None:
+            state.changed = changed_since(result.doc, state.stamp)
         state.results.append(result)
         if len(state.results) == state.expected:
             self._finish(state)
@@ -207,7 +254,13 @@ class _Run:
 
     def _finish(self, state: _DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)
-        if self.fallback is not None:
+        state.changed = state.changed or changed_since(doc, state.stamp)
+        if state.changed:  # pages of two versions, or of one no longer there: none of them is written
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=(
+                PageFailure(str(doc.path), None, f"changed while it was being read ({state.changed}): "
+                                                 "nothing written, run again to read the new version"),))
+            return
+        if self.fallback is not None and self.options.fallback_in_pipeline:
             results = self.fallback.apply(results, self.stop)
         failures = tuple(PageFailure(str(doc.path), r.page, r.error + (" (the PDF's text layer stands in)" if r.from_text_layer else ""))
                          for r in results if r.error is not None)
@@ -231,23 +284,33 @@ class _Run:
         self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures)
 
     def _progress(self) -> None:
-        if self.on_progress is not None:
-            self.on_progress(
-                Progress(
-                    pages_done=self.pages_done,
-                    pages_total=len(self.tasks),
-                    pages_failed=self.pages_failed,
-                    tokens=self.tokens,
-                    docs_done=len(self.outcomes),
-                    docs_total=len(self.documents),
-                    elapsed=time.perf_counter() - self.t0,
-                )
+        self.last_progress = time.perf_counter()
+        if self.on_progress is None:
+            return
+        counts = self.stages.counts if self.stages is not None else {}
+        finished = tuple(o for d, o in self.outcomes.items() if d not in self.reported)
+        self.reported.update(o.doc.doc_id for o in finished)
+        self.on_progress(
+            Progress(
+                pages_done=self.pages_done,
+                pages_total=len(self.tasks),
+                pages_failed=self.pages_failed,
+                tokens=self.tokens + counts.get("live_tokens", 0),
+                docs_done=len(self.outcomes),
+                docs_total=len(self.documents),
+                elapsed=time.perf_counter() - self.t0,
+                rendered=counts.get("rendered", 0),
+                encoded=counts.get("encoded", 0),
+                prefilled=counts.get("prefilled", 0),
+                decoding=counts.get("decoding", 0),
+                finished=finished,
             )
+        )
 
     def _shutdown(self) -> None:
         self.stop.set()
         if self.stages is not None:
-            self.stages.join()
+            self.stages.join(timeout=2.0)  # engine calls stop at their next layer (engine/cancel.py)
         self.pool.close()
         if self.fallback is not None:
             self.fallback.close()

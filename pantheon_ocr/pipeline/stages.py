@@ -6,7 +6,9 @@
 
 Every task ends as exactly one PageResult in `results` (failed pages included); a bug in a stage
 thread itself arrives there as StageCrashed. Each blocked stage looks at `stop` every POLL
-seconds, so a stop takes effect within ~0.1 s of the current engine call.
+seconds, and engine calls run under `cancel_on(stop)`: a stop takes effect between two layers of
+the current call (engine/cancel.py), and the interrupted pages are abandoned, never written.
+`counts` says how many pages each stage has passed, for the progress display.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..engine.cancel import Cancelled, cancel_on
 from ..engine.threads import last_stage_alone
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
@@ -56,6 +59,9 @@ class Stages:
         self.features_q: queue.Queue = queue.Queue(maxsize=options.features_queue)
         self.results: queue.Queue = queue.Queue()  # small items (text); drained continuously
         self.threads: list[threading.Thread] = []
+        # pages past each stage, and the pages decoding now with the tokens they hold (read by the
+        # main thread for progress; each written by one stage thread)
+        self.counts = {"rendered": 0, "encoded": 0, "prefilled": 0, "decoding": 0, "live_tokens": 0}
 
     def start(self) -> None:
         stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
@@ -66,15 +72,19 @@ class Stages:
             t.start()
             self.threads.append(t)
 
-    def join(self) -> None:
-        """After `stop` is set: stages notice it within POLL once their current engine call
-        returns; the threads are daemons, so an engine call that never returns cannot block exit."""
+    def join(self, timeout: float = 10.0) -> None:
+        """After `stop` is set: stages notice it within POLL, or at the next layer of the engine
+        call under way; the threads are daemons, so a call that never returns cannot block exit."""
+        deadline = time.monotonic() + timeout
         for t in self.threads:
-            t.join(timeout=10.0)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
-            fn()
+            with cancel_on(self.stop):
+                fn()
+        except Cancelled:
+            return  # the run was stopped during an engine call: that page is abandoned
         except BaseException as e:  # noqa: BLE001 - report to the main thread, never vanish
             self.stop.set()
             crash = StageCrashed(f"{threading.current_thread().name}: {type(e).__name__}: {e}")
@@ -123,7 +133,9 @@ class Stages:
             page.seconds["render"] = outcome.seconds
             if outcome.error is not None:
                 self._fail(page, getattr(outcome.error, "problem", str(outcome.error)))
-            elif not self._put(self.render_q, page):
+                continue
+            self.counts["rendered"] += 1
+            if not self._put(self.render_q, page):
                 return
         self._put(self.render_q, END)
 
@@ -136,6 +148,7 @@ class Stages:
             self._fail(page, f"vision stage failed: {type(e).__name__}: {e}")
             return False
         page.seconds["vision"] = time.perf_counter() - t0
+        self.counts["encoded"] += 1
         return not self._late(page)
 
     def _vision_loop(self) -> None:
@@ -155,13 +168,22 @@ class Stages:
         prompt goes one chunk (prefill_steps) per decode step, so the pages already decoding never
         wait for a whole prompt."""
         source = self.features_q if self.options.overlap else self.render_q
-        active: list[_Active] = []
-        joining: _Active | None = None  # the page whose prompt is being prefilled
+        self._active: list[_Active] = []
+        self._joining: _Active | None = None  # the page whose prompt is being prefilled
+        try:
+            self._batching(source)
+        finally:  # stopped, cancelled or done: nothing will decode these again
+            for a in self._active + ([self._joining] if self._joining is not None else []):
+                if a.seq is not None:
+                    a.seq.close()
+            self.counts["decoding"] = self.counts["live_tokens"] = 0
+
+    def _batching(self, source: queue.Queue) -> None:
         upstream_done = False
         while not self.stop.is_set():
-            while len(active) < self.options.batch_size and not (upstream_done and joining is None):
-                if joining is None:
-                    page = self._get(source, block=not active)
+            while len(self._active) < self.options.batch_size and not (upstream_done and self._joining is None):
+                if self._joining is None:
+                    page = self._get(source, block=not self._active)
                     if page is None:
                         break
                     if page is END:
@@ -171,33 +193,34 @@ class Stages:
                         break
                     if not self.options.overlap and not self._vision(page):
                         continue
-                    joining = self._join(page)
-                    if joining is None:
+                    self._joining = self._join(page)
+                    if self._joining is None:
                         continue
-                if not self._prefill_chunk(joining):
+                if not self._prefill_chunk(self._joining):
                     break  # more of its prompt to go: a decode step first
-                if joining.seq is not None:
-                    if joining.seq.finished:
-                        self._emit(joining)
+                if self._joining.seq is not None:
+                    self.counts["prefilled"] += 1
+                    if self._joining.seq.finished:
+                        self._emit(self._joining)
                     else:
-                        active.append(joining)
-                joining = None
-            if not active:
-                if upstream_done and joining is None:
+                        self._active.append(self._joining)
+                self._joining = None
+            if not self._active:
+                if upstream_done and self._joining is None:
                     return
                 continue
             t0 = time.perf_counter()
             try:
-                self.engine.decode_step([a.seq for a in active])
+                self.engine.decode_step([a.seq for a in self._active])
             except Exception as e:  # noqa: BLE001 - cannot tell which page: fail this batch
-                for a in active:
+                for a in self._active:
                     a.seq.close()
                     self._fail(a.page, f"decode step failed: {type(e).__name__}: {e}")
-                active = []
+                self._active = []
                 continue
             dt = time.perf_counter() - t0
             still = []
-            for a in active:
+            for a in self._active:
                 a.page.seconds["decode"] += dt  # wall time of the steps it took part in
                 a.steps += 1
                 if a.seq.finished:
@@ -209,9 +232,9 @@ class Stages:
                     self._fail(a.page, f"the engine did not stop the sequence after {a.steps} steps")
                 else:
                     still.append(a)
-            active = still
-        for a in active + ([joining] if joining is not None and joining.seq is not None else []):
-            a.seq.close()  # stopped: nothing will decode these again
+            self._active = still
+            self.counts["decoding"] = len(still)
+            self.counts["live_tokens"] = sum(a.seq.n_tokens for a in still)
 
     def _join(self, page: _Page) -> _Active | None:
         """A page's new sequence, its prompt still to prefill."""

@@ -117,6 +117,10 @@ class PageFailure:
         return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: {self.reason}"
 
 
+# The note of a document none of whose selected pages exists: it was readable, so the run's exit
+# code is 1 (some failed), not 4 (nothing could be read).
+NO_SELECTED_PAGE = "none of the selected pages exists"
+
 # unwritten = its pages were read but its outputs could not be written (exit code 73)
 DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted", "unwritten"]
 
@@ -133,13 +137,20 @@ class DocumentOutcome:
 
 @dataclass(frozen=True)
 class Progress:
+    """Where a run is, sent at least twice a second while it works and after every page."""
+
     pages_done: int  # finished pages, failed ones included
     pages_total: int
     pages_failed: int
-    tokens: int  # generated so far
+    tokens: int  # generated so far, the pages still decoding included
     docs_done: int
     docs_total: int
     elapsed: float  # seconds since the run started
+    rendered: int = 0  # pages through each stage so far
+    encoded: int = 0
+    prefilled: int = 0
+    decoding: int = 0  # pages decoding now
+    finished: tuple = ()  # DocumentOutcomes finished since the previous Progress
 
 
 @dataclass(frozen=True)
@@ -157,10 +168,10 @@ class RunSummary:
 
     @property
     def exit_code(self) -> ExitCode:
-        wrote = any(d.status in ("written", "partial") for d in self.documents)
+        wrote = any(d.status in ("written", "partial") or d.note == NO_SELECTED_PAGE for d in self.documents)
         unwritten = any(d.status == "unwritten" for d in self.documents)
         return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten)
 
 
-__all__ = ["FORMATS", "MAX_LONGEST_EDGE", "SEGMENT_MODES", "STAGES", "TEXT_LAYER", "DocStatus", "DocumentOutcome",
+__all__ = ["FORMATS", "MAX_LONGEST_EDGE", "NO_SELECTED_PAGE", "SEGMENT_MODES", "STAGES", "TEXT_LAYER", "DocStatus", "DocumentOutcome",
            "PageEngine", "PageFailure", "PageResult", "PageTask", "PipelineOptions", "Progress", "RunSummary", "Seq"]

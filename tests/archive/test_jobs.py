@@ -353,7 +353,7 @@ def test_status_and_report(tmp_path):
     assert "run 1 of job 'job' finished" in r.stderr and "corrupt.pdf: the PDF is damaged" in r.stderr
     r = run_cli(["archive", "status", str(job)])
     assert r.returncode == 0
-    assert "documents: 1 failed, 1 partial" in r.stdout and "pages: 2 done, 1 failed" in r.stdout
+    assert "documents: 2 documents (1 failed, 1 partial)" in r.stdout and "pages: 3 pages (2 done, 1 failed)" in r.stdout
     assert re.search(r"run 1: .* finished \(exit 1\), 5 pages", r.stdout)
     assert "a.pdf page 2: the model kept repeating itself (3 attempts, last temperature 0.4)" in r.stdout
     info = json.loads(run_cli(["archive", "status", str(job), "--json"]).stdout)

@@ -229,7 +229,7 @@ def test_busy_state_is_75():
 
 @pytest.mark.parametrize("where", ["report", "finish", "start"])
 def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
-    from pantheon_ocr.commands.archive import _sigterm_as_interrupt
+    from pantheon_ocr.commands.common import sigterm_as_interrupt as _sigterm_as_interrupt
     import pantheon_ocr.archive.run as job_run
 
     pdf(tmp_path / "in", "a.pdf", 2, 1)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cancel import check as check_cancelled
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -124,6 +126,7 @@ class PixtralVision(nn.Module):
                mask: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks: x [B, N, D], mask additive [B, 1, 1, N] on the keys or None -> [B, N, D]."""
         for layer in self.layers:
+            check_cancelled()  # a stopped run does not wait for the rest of the page (no-op elsewhere)
             x = layer(x, cos, sin, mask)
         return x
 

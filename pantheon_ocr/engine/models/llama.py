@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ModelError
+from ..cancel import check as check_cancelled
 from ..attention import TowerOptions
 from ..cache import DecoderState, KVCache, KVPool, Rows
 from ..format.config import DecoderConfig
@@ -156,6 +157,7 @@ class Decoder:
         cos, sin = rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs)  # [N, n_rot/2]
         hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):
+            check_cancelled()  # a stopped run does not wait for the rest of a long prompt
             t0 = time.perf_counter() if hook else 0.0
             x = self.block(i, layer, x, cos, sin, rows)
             if hook:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...errors import ModelError
+from ..cancel import check as check_cancelled
 from ..attention import TowerOptions
 from ..format.config import in_range, positive_finite
 from ..format.gguf import GGUFFile, meta, meta_array
@@ -209,6 +210,7 @@ class PixtralVision:
         cos, sin = rope_angles_2d(np.concatenate(rows), np.concatenate(cols), c.head_dim, c.rope_base)  # [N, head_dim/2]
         hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):
+            check_cancelled()  # a stopped run does not wait for the rest of a page's vision
             t0 = time.perf_counter() if hook else 0.0
             x = self.block(layer, x, cos, sin, spans)  # [N, D]
             if hook:

@@ -1,0 +1,229 @@
+"""The Python API: the same pipeline as `pantheon-ocr transcribe` (render workers, the vision
+thread overlapped with batched decoding), called from Python.
+
+    import pantheon_ocr
+
+    reader = pantheon_ocr.Reader()                      # the bundled reader; or model="lightonocr-2"
+    for page in reader.read("scan.pdf", pages="1-3"):
+        print(page.page, page.text)
+    for page in reader.read_many(["docs/", "more/*.pdf"]):  # files, folders, globs, images
+        print(page.document, page.page, page.finish_reason, page.seconds)
+    summary = reader.transcribe(["docs/"], "out/")      # write Markdown files as the CLI does
+
+Options are the options table's (pantheon_ocr/options.py), by their field names:
+`Reader(weights="bf16", batch_size=16, max_tokens=2048, text_layer="prefer")`. `read` and
+`read_many` also take a PIL image, a uint8 array or the bytes of an image file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from .errors import UsageError
+from .options import EngineOptions, PipelineOptions, SamplingOptions, specs
+
+__all__ = ["Page", "Reader"]
+
+_ENGINE = {o.name for o in specs(EngineOptions)}
+_PIPELINE = {o.name for o in specs(PipelineOptions)}
+_SAMPLING = {o.name for o in specs(SamplingOptions)}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page read."""
+
+    document: str  # the file's path (or the name given to an in-memory image)
+    page: int  # 1-based
+    text: str  # Markdown; "" when the page failed
+    tokens: int  # generated
+    finish_reason: str | None  # eos, max_tokens, repetition, blank, text-layer; None when it failed
+    error: str | None  # why it failed, None when it did not
+    seconds: dict = field(default_factory=dict)  # render, vision, prefill, decode
+    source: str = "ocr"  # "ocr", or "text-layer" (the PDF's own text: --text-layer prefer, or a failed page)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Reader:
+    """A loaded model and the run settings; `read`, `read_many` and `transcribe` run pages.
+
+    model / mmproj: what `--model` / `--mmproj` take (files, a folder, a pulled model's name; None:
+    the bundled reader). **options: fields of EngineOptions, PipelineOptions and SamplingOptions
+    (weights, vision_backend, threads, batch_size, max_tokens, segment, text_layer, ...). Setting
+    `threads` (the math threads of the whole process) applies process-wide."""
+
+    def __init__(self, model: str | os.PathLike | None = None, mmproj: str | os.PathLike | None = None, **options):
+        from .engine.loader import load_page_engine
+        from .engine.threads import set_threads, stage_threads
+        from .modelfiles.resolve import resolve_model
+
+        unknown = sorted(set(options) - _ENGINE - _PIPELINE - _SAMPLING)
+        if unknown:
+            raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (the options "
+                             f"are the fields of EngineOptions, PipelineOptions and SamplingOptions)")
+        engine_kw = {k: v for k, v in options.items() if k in _ENGINE}
+        self._pipeline_kw = {k: v for k, v in options.items() if k in _PIPELINE}
+        self.sampling = SamplingOptions(**{k: v for k, v in options.items() if k in _SAMPLING})
+        PipelineOptions(out_dir=".", sampling=self.sampling, **self._pipeline_kw)  # every value checked now
+        text, proj = resolve_model(model, mmproj)
+        self.engine_options = EngineOptions(text, proj, **engine_kw)
+        threads = stage_threads(self.engine_options.threads, self._pipeline_kw.get("overlap", True))
+        if threads:
+            set_threads(threads)
+        self.engine, self.notes = load_page_engine(self.engine_options)
+
+    def options(self, out_dir: str | os.PathLike, **overrides) -> PipelineOptions:
+        """The PipelineOptions of a run writing to `out_dir`."""
+        return PipelineOptions(out_dir=Path(out_dir), sampling=self.sampling, **{**self._pipeline_kw, **overrides})
+
+    # -- reading -------------------------------------------------------------------------------
+    def read(self, source: Any, pages: str | None = None) -> Iterator[Page]:
+        """The pages of one document (a path, a PIL image, a uint8 array or image bytes), in order."""
+        return self.read_many([source], pages)
+
+    def read_many(self, sources: Iterable[Any], pages: str | None = None) -> Iterator[Page]:
+        """The pages of every document (files, folders, globs; in-memory images), each document's
+        pages in order. A document that cannot be read at all is one Page with page 0 and its
+        error. Stopping the iteration early stops the run."""
+        from .pipeline.inputs import expand_inputs
+
+        with tempfile.TemporaryDirectory(prefix="pantheon-ocr-api-") as scratch:
+            problems: list = []
+            paths = [_as_path(s, Path(scratch), i) for i, s in enumerate(sources)]
+            documents = expand_inputs([str(p) for p in paths], problems)
+            for e in problems:
+                yield Page(str(e.path), 0, "", 0, None, e.problem)
+            if documents:
+                yield from self._stream(documents, self.options(Path(scratch) / "out", pages=pages, overwrite=True))
+
+    def transcribe(self, inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+                   on_progress: Callable | None = None, **overrides):
+        """Write every document's outputs under `out_dir`, as `pantheon-ocr transcribe` does;
+        the RunSummary (documents and their status, failures, unreadable inputs)."""
+        from .pipeline.inputs import expand_inputs
+        from .pipeline.run import run_pipeline
+        from .pipeline.types import PageFailure, RunSummary
+
+        problems: list = []
+        documents = expand_inputs([str(i) for i in inputs], problems)
+        unreadable = tuple(PageFailure(e.path, None, e.problem) for e in problems)
+        if not documents:
+            return RunSummary((), unreadable=unreadable)
+        summary = run_pipeline(documents, self.engine, self.options(out_dir, **overrides), on_progress=on_progress)
+        return dataclasses.replace(summary, unreadable=unreadable)
+
+    def _stream(self, documents, options: PipelineOptions) -> Iterator[Page]:
+        """Run the pipeline on a thread of its own and hand its pages over, each document's in
+        page order: a page as soon as the ones before it are out, the rest when its document ends."""
+        from .pipeline.run import run_pipeline
+
+        events: queue.Queue = queue.Queue()
+        stop = threading.Event()
+
+        def run() -> None:
+            try:
+                run_pipeline(documents, self.engine, options, write_outputs=False, stop=stop,
+                             on_page=lambda r: events.put(("page", r)),
+                             on_progress=lambda p: [events.put(("doc", o)) for o in p.finished])
+                events.put(("end", None))
+            except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+                events.put(("end", e))
+
+        worker = threading.Thread(target=run, name="pantheon-api", daemon=True)
+        worker.start()
+        order = _PageOrder()
+        try:
+            while True:
+                kind, item = events.get()
+                if kind == "end":
+                    if item is not None:
+                        raise item
+                    yield from order.rest()
+                    return
+                if kind == "page":
+                    yield from order.add(_page(item))
+                else:
+                    yield from order.finished(item)
+        finally:
+            stop.set()
+            worker.join(timeout=10)
+
+    def close(self) -> None:
+        """Release the engine (its weights and KV pool)."""
+        self.engine = None
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _PageOrder:
+    """Each document's pages in order: page n as soon as pages 1..n-1 are out (a whole document
+    streams); pages after a gap in the selection wait for their document's end."""
+
+    def __init__(self):
+        self.waiting: dict[str, dict[int, Page]] = {}
+        self.next: dict[str, int] = {}
+
+    def add(self, page: Page) -> Iterator[Page]:
+        pending = self.waiting.setdefault(page.document, {})
+        pending[page.page] = page
+        n = self.next.get(page.document, 1)
+        while n in pending:
+            yield pending.pop(n)
+            n += 1
+        self.next[page.document] = n
+
+    def finished(self, outcome) -> Iterator[Page]:
+        key = str(outcome.doc.path)
+        pending = self.waiting.pop(key, {})
+        yield from (pending[k] for k in sorted(pending))
+        for f in outcome.failures:  # the document itself could not be read or written
+            if f.page is None:
+                yield Page(key, 0, "", 0, None, f.reason)
+
+    def rest(self) -> Iterator[Page]:
+        for pending in self.waiting.values():
+            yield from (pending[k] for k in sorted(pending))
+        self.waiting.clear()
+
+
+def _page(result) -> Page:
+    from .pipeline.types import TEXT_LAYER
+
+    return Page(str(result.doc.path), result.page, result.text if result.error is None or result.from_text_layer else "",
+                result.n_tokens, result.finish_reason, result.error, dict(result.seconds),
+                TEXT_LAYER if result.from_text_layer else "ocr")
+
+
+def _as_path(source: Any, scratch: Path, i: int) -> Path:
+    """A path for a source: paths as they are; images and image bytes saved as PNG in `scratch`."""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source)
+    from PIL import Image
+
+    if isinstance(source, (bytes, bytearray)):
+        import io
+
+        source = Image.open(io.BytesIO(source))
+    elif not isinstance(source, Image.Image):
+        import numpy as np
+
+        if not isinstance(source, np.ndarray):
+            raise UsageError(f"cannot read a {type(source).__name__}: give a path, a PIL image, a uint8 array or image bytes")
+        source = Image.fromarray(source)
+    path = scratch / f"image-{i + 1}.png"
+    source.save(path)
+    return path

@@ -1,0 +1,28 @@
+"""Counts in words for the run line, `archive status` and the reports: documents and pages apart,
+each with its right plural."""
+
+from __future__ import annotations
+
+PLANNED = ("new", "changed", "unchanged", "skipped (unreadable)")  # what the plan found, one per document
+
+
+def count(n: int, word: str) -> str:
+    return f"{n:,} {word if n == 1 else word + 's'}"
+
+
+def documents_line(events: dict) -> str:
+    """`3 documents (1 new, 2 unchanged); 1 written`: the documents the run saw, by what the plan
+    found, then what came out of it (a document is counted once in each part)."""
+    seen = {k: n for k, n in events.items() if k in PLANNED}
+    out = {k: n for k, n in events.items() if k not in PLANNED}
+    if not seen and not out:
+        return "no documents"
+    text = count(sum(seen.values()), "document") + (" (" + ", ".join(f"{n:,} {k}" for k, n in seen.items()) + ")" if seen else "")
+    return text + ("; " + ", ".join(f"{n:,} {k}" for k, n in out.items()) if out else "")
+
+
+def failures_heading(failures: list[dict]) -> str:
+    """`2 pages and 1 document failed`: page failures and whole-document failures apart."""
+    pages = sum(f["page"] is not None for f in failures)
+    docs = len(failures) - pages
+    return " and ".join(([count(pages, "page")] if pages else []) + ([count(docs, "document")] if docs else [])) + " failed"

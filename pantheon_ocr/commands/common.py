@@ -1,0 +1,67 @@
+"""What the commands share: SIGTERM handled like Ctrl-C, counts in words, the run summary."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+import click
+
+from ..errors import path_text
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """cron, systemd and `kill` stop a run with SIGTERM: handle it like Ctrl-C, so finished
+    documents stay written (and a job's pages recorded, its report written, its lock released),
+    and the run exits 130 instead of dying by the signal."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """`1 page`, `3 pages`, `1 document`, `2 input paths`."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
+def summary_lines(summary, to_stdout: bool = False) -> list[str]:
+    """The end of a run, documents and pages counted apart: a line per document (its outputs,
+    unless they went to standard output), the failures, then the totals."""
+    lines = []
+    for d in summary.documents:
+        outs = "" if to_stdout else ", ".join(path_text(o) for o in d.outputs)
+        lines.append(f"{d.status:11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "")
+                     + (f" ({d.note})" if d.note else ""))
+    page_failures = [f for d in summary.documents for f in d.failures if f.page is not None]
+    doc_failures = [f for d in summary.documents for f in d.failures if f.page is None]
+    if page_failures or doc_failures or summary.unreadable:
+        parts = [count(len(page_failures), "page")] if page_failures else []
+        parts += [count(len(doc_failures), "document")] if doc_failures else []
+        parts += [count(len(summary.unreadable), "input path") + " unreadable"] if summary.unreadable else []
+        lines.append(" and ".join(parts) + (" failed" if page_failures or doc_failures else "") + ":")
+        lines += [f"  {f}" for f in list(summary.unreadable) + doc_failures + page_failures]
+    if summary.interrupted:
+        lines.append("interrupted: finished documents are complete, the rest was not written")
+    by_status: dict[str, int] = {}
+    for d in summary.documents:
+        by_status[d.status] = by_status.get(d.status, 0) + 1
+    docs = count(len(summary.documents), "document") + (
+        " (" + ", ".join(f"{n:,} {s}" for s, n in by_status.items()) + ")" if by_status else "")
+    lines.append(f"{docs}; {count(summary.pages_done, 'page')} read, {count(summary.tokens, 'token')} "
+                 f"in {summary.seconds:.1f} s")
+    return lines
+
+
+def echo_summary(summary, to_stdout: bool = False) -> None:
+    for line in summary_lines(summary, to_stdout):
+        click.echo(line, err=True)

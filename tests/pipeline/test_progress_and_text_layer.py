@@ -1,0 +1,168 @@
+"""The first hour of a user: progress that moves, honest counts, --text-layer, a document that
+changes while it is read, and a stop that does not wait for a long engine call."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fake_engine import FakeEngine, expected_text, make_samples_module, marked_pdf, md_body
+from pantheon_ocr.commands.common import summary_lines
+from pantheon_ocr.commands.progress import DocumentLines, LiveLine
+from pantheon_ocr.engine.cancel import check as check_cancelled
+from pantheon_ocr.pipeline.fallback import text_layer_problem
+from pantheon_ocr.pipeline.inputs import expand_inputs
+from pantheon_ocr.pipeline.run import run_pipeline
+from pantheon_ocr.pipeline.types import PipelineOptions
+
+
+def pdf(folder: Path, name: str, n: int, doc_no: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(marked_pdf(n, doc_no))
+    return folder / name
+
+
+def opts(tmp_path: Path, **kw) -> PipelineOptions:
+    kw.setdefault("render_workers", 1)
+    kw.setdefault("text_layer", "ocr")
+    return PipelineOptions(out_dir=tmp_path / "out", formats=kw.pop("formats", ("md", "jsonl")), **kw)
+
+
+def test_progress_moves_through_the_stages_before_pages_finish(tmp_path):
+    """All pages decode in one batch, so none finishes until the end: the display still moves
+    (stages, tokens), at least twice a second."""
+    pdf(tmp_path / "in", "a.pdf", 4, 1)
+    seen = []
+    engine = FakeEngine(n_tokens=lambda f: 30, step_sleep=0.05)
+    summary = run_pipeline(expand_inputs([str(tmp_path / "in")]), engine, opts(tmp_path, batch_size=8),
+                           on_progress=seen.append)
+    assert summary.exit_code == 0
+    before_done = [p for p in seen if p.pages_done == 0 and p.elapsed > 0]
+    assert any(p.rendered == 4 and p.encoded == 4 for p in before_done)  # stages counted before any page is out
+    assert any(p.decoding > 0 and p.tokens > 0 for p in before_done)  # live tokens while decoding
+    gaps = np.diff([p.elapsed for p in seen])
+    assert len(seen) >= 4 and gaps.max() < 1.0
+    assert [o.doc.path.name for p in seen for o in p.finished] == ["a.pdf"]  # each document reported once
+
+
+def test_live_line_on_a_terminal_and_a_line_per_document_elsewhere(tmp_path):
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    pdf(tmp_path / "in", "b.pdf", 1, 2)
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    live, lines = LiveLine(tty), DocumentLines(log)
+    run_pipeline(expand_inputs([str(tmp_path / "in")]), FakeEngine(step_sleep=0.02), opts(tmp_path),
+                 on_progress=lambda p: (live(p), lines(p)))
+    assert "\r" in tty.getvalue() and "pages 3/3" in tty.getvalue() and "vision" in tty.getvalue()
+    got = log.getvalue().splitlines()  # in the order they finish (b, one page, may come first)
+    assert [g[:6] for g in got] == ["[1/2] ", "[2/2] "] and sorted(g[6:] for g in got) == [
+        f"written {tmp_path / 'in' / 'a.pdf'} (2 pages, 0:00)", f"written {tmp_path / 'in' / 'b.pdf'} (1 page, 0:00)"]
+
+
+def test_counts_keep_documents_and_pages_apart(tmp_path):
+    good = pdf(tmp_path / "in", "good.pdf", 2, 1)
+    short = pdf(tmp_path / "in", "short.pdf", 1, 2)
+    (tmp_path / "in" / "bad.pdf").write_bytes(b"%PDF-1.4 not really")
+    summary = run_pipeline(expand_inputs([str(good), str(short), str(tmp_path / "in" / "bad.pdf")]), FakeEngine(),
+                           opts(tmp_path, pages="2"))
+    text = "\n".join(summary_lines(summary))
+    assert "2 documents failed:" in text and "page(s)" not in text  # short.pdf has no page 2; bad.pdf no pages
+    assert "short.pdf: none of the selected pages (2) exists: the document has 1 page" in text
+    assert text.splitlines()[-1].startswith("3 documents (1 written, 2 failed); 1 page read")
+    assert summary.exit_code == 1
+
+
+def text_and_scan_pdf(path: Path) -> Path:
+    """Page 1 and 3: marked squares and a paragraph of real text; page 2: the squares only (a scan)."""
+    ms = make_samples_module()
+    pages = []
+    for i in (1, 2, 3):
+        c = ms.Canvas()
+        c.rect(0, 752, 40, 40, round(8 * i / 255, 4))
+        c.rect(40, 752, 40, 40, round(8 / 255, 4))
+        if i != 2:
+            for k, line in enumerate(("The quarterly report of the second page range,", "with 1,200 units sold in the",
+                                      f"northern region and a summary on page {i}.")):
+                c.text(100, 700 - 20 * k, line, size=12)
+        pages.append(c)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(ms.build_pdf(pages))
+    return path
+
+
+def test_text_layer_prefer_keeps_real_text_and_reads_the_rest(tmp_path):
+    a = text_and_scan_pdf(tmp_path / "in" / "a.pdf")
+    engine = FakeEngine()
+    summary = run_pipeline(expand_inputs([str(a)]), engine, opts(tmp_path, text_layer="prefer"))
+    assert engine.prefills == [(1, 2)] and summary.exit_code == 0  # only the scanned page is read by OCR
+    md = md_body(tmp_path / "out" / "a.md")
+    assert "<!-- page 1 text-layer -->" in md and "northern region and a summary on page 3." in md
+    assert "<!-- page 2 -->\n\n" + expected_text(1, 2) in md
+    records = [json.loads(r) for r in (tmp_path / "out" / "a.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in records] == ["text-layer", "model", "text-layer"]
+    assert all(r["error"] is None for r in records)
+    # ocr: the text layer is never looked at
+    engine = FakeEngine()
+    run_pipeline(expand_inputs([str(a)]), engine, opts(tmp_path, text_layer="ocr", overwrite=True))
+    assert len(engine.prefills) == 3 and "northern region" not in md_body(tmp_path / "out" / "a.md")
+
+
+def test_text_layer_quality():
+    assert text_layer_problem("Quarterly Report\n1. Summary\nRevenue grew in every region, 1,200 units.") is None
+    assert text_layer_problem("Region Q1 Q2\nNorth 1,200 1,380\nSouth 950 990\nWest 12 17 totals 2,162 2,387") is None
+    assert "characters" in text_layer_problem("12")  # a scan's stray label is no text layer
+    assert "garbage" in text_layer_problem("Introduction to the system of units and measures in use "
+                                           "in every region of the country " + "!\"#$%&'()*+")
+    assert "mostly symbols" in text_layer_problem("Intro " + "!\"#$%&'()*+" * 6)
+    assert "private-use" in text_layer_problem("\ue000\ue001\ue002" * 30 + " text here and there")
+    toc = "Introduction ................................ 7\nInstallation and first steps .......... 12\nIndex ....... 40"
+    assert text_layer_problem(toc) is None  # dot leaders are layout, not garbage
+
+
+def test_a_document_replaced_while_it_is_read_is_failed_not_mixed(tmp_path):
+    a = pdf(tmp_path / "in", "a.pdf", 6, 1)
+    swapped = threading.Event()
+
+    def on_step(n):  # after the first decode step: another version is renamed over it
+        if not swapped.is_set():
+            (tmp_path / "new.pdf").write_bytes(marked_pdf(6, 2))
+            os.replace(tmp_path / "new.pdf", a)
+            swapped.set()
+
+    summary = run_pipeline(expand_inputs([str(a)]), FakeEngine(on_step=on_step, step_sleep=0.01),
+                           opts(tmp_path, batch_size=1))
+    (d,) = summary.documents
+    assert swapped.is_set() and d.status == "failed" and "changed while it was being read" in d.failures[0].reason
+    assert "replaced" in d.failures[0].reason and not (tmp_path / "out" / "a.md").exists()
+    assert summary.exit_code != 0
+
+
+class SlowVision(FakeEngine):
+    """A vision stage of many long layers, as a full LightOnOCR page is on a CPU."""
+
+    def vision(self, image):
+        for _ in range(300):  # 30 s unless stopped between "layers"
+            check_cancelled()
+            time.sleep(0.1)
+        return super().vision(image)
+
+
+def test_a_stop_ends_the_run_between_layers_not_after_the_page(tmp_path):
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    t0 = time.perf_counter()
+    summary = run_pipeline(expand_inputs([str(tmp_path / "in")]), SlowVision(), opts(tmp_path), stop=stop)
+    took = time.perf_counter() - t0
+    assert summary.interrupted and took < 10  # not the 30 s the page's vision would take
+    assert not (tmp_path / "out" / "a.md").exists() and summary.exit_code == 130

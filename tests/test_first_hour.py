@@ -1,0 +1,147 @@
+"""What a new user meets first, end to end: the Python API, `-o -`, a page range a document does
+not have, SIGTERM, the text-layer choice on the command line, `archive report`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pantheon_ocr
+from fake_engine import make_samples_module
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "samples" / "docs"
+MODEL = ROOT / "samples" / "tiny-model"
+
+
+def cli(*args, timeout=300, **kw):
+    return subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, **kw)
+
+
+def text_pdf(path: Path, n_pages: int = 2) -> Path:
+    ms = make_samples_module()
+    pages = []
+    for i in range(1, n_pages + 1):
+        c = ms.Canvas()
+        for k, line in enumerate(("A page of real text for the text layer,", "long enough to be a page of text",
+                                  f"and not a stray label: page {i}.")):
+            c.text(72, 700 - 20 * k, line, size=12)
+        pages.append(c)
+    path.write_bytes(ms.build_pdf(pages))
+    return path
+
+
+# -------------------------------------------------------------------------- the Python API
+
+
+@pytest.fixture(scope="module")
+def reader():
+    return pantheon_ocr.Reader(MODEL, max_tokens=6, text_layer="ocr", render_workers=1)
+
+
+def test_read_gives_each_page_in_order(reader):
+    pages = list(reader.read(DOCS / "report-3pages.pdf"))
+    assert [p.page for p in pages] == [1, 2, 3] and all(p.ok and p.source == "ocr" for p in pages)
+    assert all(p.tokens <= 6 and p.finish_reason in ("eos", "max_tokens", "repetition") for p in pages)
+    assert all(set(p.seconds) >= {"render", "vision", "prefill", "decode"} for p in pages)
+    assert {p.document for p in pages} == {str(DOCS / "report-3pages.pdf")}
+
+
+def test_read_many_files_images_and_bad_paths(reader, tmp_path):
+    img = np.full((120, 300, 3), 255, np.uint8)
+    pages = list(reader.read_many([DOCS / "text-1page.pdf", img, Image.fromarray(img), tmp_path / "missing.pdf"]))
+    by_doc = {p.document: p for p in pages}
+    assert str(DOCS / "text-1page.pdf") in by_doc and by_doc[str(DOCS / "text-1page.pdf")].ok
+    assert sum(p.document.endswith(".png") for p in pages) == 2
+    bad = by_doc[str(tmp_path / "missing.pdf")]
+    assert not bad.ok and bad.page == 0 and "no such file" in bad.error
+
+
+def test_stopping_early_stops_the_run(reader):
+    t0 = time.perf_counter()
+    for page in reader.read(DOCS / "report-3pages.pdf"):
+        break
+    assert page.page == 1 and time.perf_counter() - t0 < 60
+
+
+def test_options_are_the_tables_and_are_checked():
+    with pytest.raises(pantheon_ocr.api.UsageError, match="unknown option batchsize"):
+        pantheon_ocr.Reader(MODEL, batchsize=4)
+    with pytest.raises(pantheon_ocr.api.UsageError, match="batch_size"):
+        pantheon_ocr.Reader(MODEL, batch_size=0)
+
+
+def test_transcribe_writes_what_the_cli_writes(reader, tmp_path):
+    summary = reader.transcribe([DOCS / "text-1page.pdf"], tmp_path)
+    assert summary.exit_code == 0 and (tmp_path / "text-1page.md").is_file()
+
+
+# ------------------------------------------------------------------------- the command line
+
+
+def test_stdout_gets_the_text_and_no_temp_path(tmp_path):
+    proc = cli("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--max-tokens", "4", "--no-progress")
+    assert proc.returncode == 0 and proc.stdout.startswith("<!-- page 1")
+    assert "pantheon-ocr-" not in proc.stderr and "->" not in proc.stderr  # the scratch folder is nobody's business
+
+
+def test_a_page_range_the_document_does_not_have_fails(tmp_path):
+    proc = cli("transcribe", DOCS / "text-1page.pdf", "--pages", "5", "--model", MODEL, "-o", tmp_path, "--no-progress")
+    assert proc.returncode == 1, proc.stderr
+    assert "none of the selected pages (5) exists: the document has 1 page" in proc.stderr
+    assert "1 document failed:" in proc.stderr and not list(tmp_path.glob("*.md"))
+
+
+def test_text_layer_prefer_on_the_command_line(tmp_path):
+    src = text_pdf(tmp_path / "t.pdf")
+    proc = cli("transcribe", src, "--text-layer", "prefer", "--model", MODEL, "-o", tmp_path / "out", "--format", "jsonl",
+               "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(x) for x in (tmp_path / "out" / "t.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in records] == ["text-layer", "text-layer"] and "page 2." in records[1]["text"]
+    old = cli("transcribe", src, "--no-text-fallback", "--model", MODEL, "-o", tmp_path / "o2", "--format", "jsonl",
+              "--no-progress", "--max-tokens", "2")  # the old spelling still works: never the text layer
+    assert old.returncode == 0 and '"source": "model"' in (tmp_path / "o2" / "t.jsonl").read_text()
+
+
+def test_sigterm_stops_transcribe_with_130_and_writes_nothing_half(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        (src / f"d{i}.pdf").write_bytes((DOCS / "report-3pages.pdf").read_bytes())
+    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(src), "--model", str(MODEL),
+                             "-o", str(tmp_path / "out"), "--max-tokens", "200", "--no-progress", "--batch-size", "1"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    for md in (tmp_path / "out").glob("*.md"):  # what was written is whole
+        assert md.read_text().count("<!-- page ") == 3
+
+
+def test_archive_report_writes_a_runs_report_again(tmp_path):
+    (tmp_path / "in").mkdir()
+    text_pdf(tmp_path / "in" / "a.pdf")
+    job = tmp_path / "job.toml"
+    job.write_text(f'inputs = ["in"]\noutput = "out"\n[model]\ntext = "{MODEL}"\n[ocr]\nmax_tokens = 3\n')
+    assert cli("archive", "run", job, "--no-progress").returncode == 0
+    html = tmp_path / "job-reports" / "run-0001.html"
+    html.unlink()
+    proc = cli("archive", "report", job)
+    assert proc.returncode == 0 and html.is_file() and "wrote" in proc.stdout
+    status = cli("archive", "status", job).stdout
+    assert "documents: 1 document (1 done)" in status and "pages: 2 pages (2 done)" in status, status
+    missing = cli("archive", "report", job, "--run", "9")
+    assert missing.returncode == 2 and "no run 9" in missing.stderr
+    assert "report" in cli("archive", "--help").stdout

@@ -24,6 +24,7 @@ from .errors import UsageError
 
 # ------------------------------------------------------------------------------------ choices
 STORAGE_MODES = ("f32", "bf16", "quantized")  # weights: resident float32, resident bfloat16, kept quantized
+WEIGHT_CHOICES = ("auto",) + STORAGE_MODES  # auto: the engine's plan for this model and CPU (engine/loader.py)
 VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
 VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_DTYPES = ("float32", "float16")
@@ -166,11 +167,13 @@ class EngineOptions:
 
     model: Path  # the text GGUF (modelfiles.resolve.resolve_model gives it)
     mmproj: Path
-    weights: str = option("f32", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
-                                 "the memory, fastest on CPUs with bfloat16 units) or kept quantized (least memory).",
-                          choices=STORAGE_MODES)
-    vision_backend: str = option("numpy", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto "
-                                          "(the fastest installed).", choices=VISION_BACKENDS)
+    weights: str = option("auto", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
+                                   "the memory, fastest on CPUs with bfloat16 units), kept quantized (least memory), "
+                                   "or auto: bfloat16 for a large model where torch and bfloat16 units are there, "
+                                   "else float32.", choices=WEIGHT_CHOICES)
+    vision_backend: str = option("auto", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto: "
+                                         "the fastest installed for this model (numpy for small towers).",
+                                 choices=VISION_BACKENDS)
     device: str | None = option(None, "torch device for --vision-backend torch/auto and the --gpu-* switches "
                                       "(cpu, cuda, cuda:N, mps).", kind="str")
     vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "

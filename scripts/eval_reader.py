@@ -175,9 +175,13 @@ def main(argv=None) -> int:
     print("| set | items | characters | CER | WER | seconds |\n|---|---|---|---|---|---|")
     results = []
     h, w = engine.hints.line_height or 28, engine.longest_edge
-    for label, faces in (("lines, seen faces, held-out text", "train"), ("lines, held-out faces and text", "heldout")):
+    sets = [("lines, seen faces, held-out text", "train", None), ("lines, held-out faces and text", "heldout", None),
+            # the language prior, measured: text a language model cannot predict should read about as well as prose
+            ("lines of prose in nine languages", "train", "prose"), ("lines of shuffled words", "train", "shuffled"),
+            ("lines of random strings", "train", "random")]
+    for label, faces, kind in sets:
         if a.lines:
-            lines = fixed_set(a.lines, "heldout", 4321, h, w, face_split=faces)
+            lines = fixed_set(a.lines, "heldout", 4321, h, w, face_split=faces, kind=kind)
             t0 = time.perf_counter()
             hyps = read_lines(engine, lines)
             results.append(row(label, [(ln.text, hyp) for ln, hyp in zip(lines, hyps)], time.perf_counter() - t0))

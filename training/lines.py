@@ -19,14 +19,15 @@ class Line:
 
 
 def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None,
-              shuffle: float = 0.0, max_chars: int = 100) -> Line:
-    """A line of `split` text (at most max_chars) in a face of `face_split` (default: the same
-    split); with probability `shuffle` its words in random order, which no language model can guess."""
+              shuffle: float = 0.0, max_chars: int = 100, kind: str | None = None) -> Line:
+    """A line of `split` text (at most max_chars; of one `kind` of texts.sample_text if given) in a
+    face of `face_split` (default: the same split); with probability `shuffle` its words in random
+    order, which no language model can guess."""
     fams = families(face_split or split)
     while True:
         fam = fams[rng.integers(len(fams))]
         face = fam[rng.integers(len(fam))]
-        text = sample_text(rng, split, max_chars)
+        text = sample_text(rng, split, max_chars, kind)
         if shuffle and rng.random() < shuffle:
             words = text.split(" ")
             rng.shuffle(words)
@@ -37,9 +38,9 @@ def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width:
 
 
 def fixed_set(n: int, split: str, seed: int, line_height: int, max_width: int, face_split: str | None = None,
-              max_chars: int = 100) -> list[Line]:
+              max_chars: int = 100, kind: str | None = None) -> list[Line]:
     """The same n lines on every machine: an evaluation set."""
-    return [draw_line(np.random.default_rng([seed, i]), split, line_height, max_width, face_split, max_chars=max_chars)
-            for i in range(n)]
+    return [draw_line(np.random.default_rng([seed, i]), split, line_height, max_width, face_split, max_chars=max_chars,
+                      kind=kind) for i in range(n)]
 
 

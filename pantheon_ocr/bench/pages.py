@@ -62,7 +62,7 @@ class PageConfig:
     @property
     def name(self) -> str:
         th = "" if self.threads is None else f" t{self.threads}"
-        extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != "numpy" else "",
+        extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != _default(EngineOptions, "vision_backend") else "",
                          " kv16" if self.kv_dtype == "float16" else "",
                          f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
@@ -183,10 +183,10 @@ def run_config(opts: dict, config: dict) -> dict:
     from ..pipeline.run import run_pipeline
     from .isolation import peak_rss_mb
 
-    from ..engine.threads import cpu_count, set_threads, stage_threads
+    from ..engine.threads import set_threads, stage_threads
 
     o, c = PageBenchOptions(**{**opts, "inputs": tuple(opts["inputs"])}), PageConfig(**config)
-    set_threads(stage_threads(c.threads, c.overlap) or cpu_count())
+    set_threads(stage_threads(c.threads, c.overlap))
     inner, load_s = build_engine(o, c)
     _warm_up(inner)
     engine = TimedEngine(inner)

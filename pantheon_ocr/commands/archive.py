@@ -45,10 +45,10 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
     from .progress import progress_bar
 
     spec = job_run.load_job(job)
-    if spec.model.engine.threads:  # numpy's BLAS, OpenMP, and torch whenever it loads
-        from ..engine.threads import set_threads
+    from ..engine.threads import set_threads, stage_threads
 
-        set_threads(spec.model.engine.threads)
+    # numpy's BLAS, OpenMP, and torch whenever it loads: the job's total, shared by the stages
+    set_threads(stage_threads(spec.model.engine.threads, spec.ocr.overlap))
     address = None if no_ray else ray_address or spec.ray.address
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress

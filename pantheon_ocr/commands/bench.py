@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from ..options import STORAGE_MODES, EngineOptions, PipelineOptions, SamplingOptions, spec
+from ..options import STORAGE_MODES, WEIGHT_CHOICES, EngineOptions, PipelineOptions, SamplingOptions, spec
 from .options import table_options
 
 
@@ -226,7 +226,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     if not inputs and not synthetic:
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
-        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", STORAGE_MODES),
+        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
         flash=_on_off(flash, "--flash"), overlap=_on_off(overlap, "--overlap"), threads=_threads(threads),
         vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )

@@ -29,6 +29,25 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def echo_notes(notes: list[str]) -> None:
+    """The engine's notes: what `auto` chose in one line (with its reasons under -v), the rest as
+    they are."""
+    from ..engine.loader import PLAN_NOTES
+
+    ctx = click.get_current_context(silent=True)
+    verbose = bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))
+    plan = [n for n in notes if n.startswith(PLAN_NOTES)]
+    if plan:
+        if verbose:
+            for n in plan:
+                click.echo(f"note: {n}", err=True)
+        else:
+            click.echo("engine: " + ", ".join(n.split(" (", 1)[0] for n in plan) + " (-v says why)", err=True)
+    for n in notes:
+        if not n.startswith(PLAN_NOTES):
+            click.echo(f"note: {n}", err=True)
+
+
 def count(n: int, word: str, plural: str | None = None) -> str:
     """`1 page`, `3 pages`, `1 document`, `2 input paths`."""
     return f"{n:,} {word if n == 1 else plural or word + 's'}"

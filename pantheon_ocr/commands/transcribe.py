@@ -38,7 +38,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..api import Reader
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.naming import HEADER_PREFIX
-    from .common import echo_summary, sigterm_as_interrupt
+    from .common import echo_notes, echo_summary, sigterm_as_interrupt
     from .progress import progress_bar
 
     if text_fallback is not None:
@@ -63,8 +63,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         pages=pages, password=password, batch_size=batch_size, overlap=overlap,
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
-        for note in reader.notes:
-            click.echo(f"note: {note}", err=True)
+        echo_notes(reader.notes)
         summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
                                     overwrite=not skip_existing)
     if to_stdout:

@@ -5,12 +5,15 @@ benchmarks, scripts and Ray workers.
     model = load_model(path)                          # a decoder GGUF on its own (TextModel)
     vlm = load_vlm(text, mmproj)                      # the LightOnOCR model itself
 
-Nothing here prints: what a person should know about the engine (a tiny test model, what the
-`auto` vision backend chose) comes back as `notes`, one sentence each, for the caller to show.
+Nothing here prints: what a person should know about the engine (a tiny test model, what `auto`
+chose for the weights and the vision backend, and why) comes back as `notes`, one sentence each,
+for the caller to show; the choices start with "weights:" and "vision backend:" (PLAN_NOTES).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +24,60 @@ from .attention import TowerOptions
 if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
     from .format.weights import Storage
 
+PLAN_NOTES = ("weights:", "vision backend:")  # notes that say what auto chose (the CLI shows why under -v)
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
+# Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
+# numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).
+SMALL_PARAMS = 100_000_000
+
+
+def _params(path) -> int | None:
+    """Parameters of a GGUF file, or None if it cannot be read (loading it will say why, in the
+    order the pair is checked)."""
+    from ..errors import ModelError
+    from .format.gguf import open_gguf
+
+    try:
+        return sum(math.prod(t.shape) for t in open_gguf(path).tensors.values())
+    except (ModelError, OSError):
+        return None
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e6:.1f} M" if n < 10e6 else f"{n / 1e6:.0f} M"
+
+
+def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
+    """`auto` weights and vision backend made concrete for this model on this machine, and why:
+    bfloat16 weights where torch is installed, the CPU multiplies bfloat16 and the text model is
+    large; the torch (or Core ML) vision backend where installed, unless the vision tower is small
+    (numpy runs a page's line pieces in one pass). Chosen once, before any weight is read."""
+    from .backends import cpu_has_bf16
+    from .backends.common import FAST_EXTRA, has_module
+
+    o, why = options, []
+    torch_here = has_module("torch")
+    if o.weights == "auto":
+        text_params = _params(o.model)
+        if text_params is None:
+            weights, reason = "f32", "the text model cannot be read"
+        elif text_params < SMALL_PARAMS:
+            weights, reason = "f32", f"a small model ({_millions(text_params)} parameters): numpy float32 is fastest"
+        elif not torch_here:
+            weights, reason = "f32", f"torch is not installed ({FAST_EXTRA} for bfloat16 weights)"
+        elif not cpu_has_bf16():
+            weights, reason = "f32", "the CPU has no bfloat16 units"
+        else:
+            weights, reason = "bf16", "torch and the CPU's bfloat16 units: half the memory of float32, faster matmuls"
+        o = replace(o, weights=weights)
+        why.append(f"weights: {weights} ({reason})")
+    if o.vision_backend == "auto" and o.device is None and o.vision_dtype == "auto":
+        vision_params = _params(o.mmproj)
+        if vision_params is not None and vision_params < SMALL_PARAMS:
+            o = replace(o, vision_backend="numpy")
+            why.append(f"vision backend: numpy (a small vision tower, {_millions(vision_params)} parameters: "
+                       "one numpy pass over a page's line pieces is fastest)")
+    return o, why
 
 
 def load_model(path: str | Path, weights: Storage = "quantized", tower: TowerOptions = TowerOptions()):
@@ -54,7 +110,7 @@ def load_page_engine(options: EngineOptions):
     (a missing extra, no such device) fails before the model is loaded."""
     from .page_engine import OCREngine
 
-    o = options
+    o, notes = plan_auto(options)
     switches = o.gpu_prefill or o.gpu_decode
     if o.device is not None and o.vision_backend == "numpy" and not switches:
         raise OptionError("device", "a torch device, for the torch or auto vision backend or the GPU prefill/decode "
@@ -76,7 +132,6 @@ def load_page_engine(options: EngineOptions):
     vlm = load_vlm(o.model, o.mmproj, weights=o.weights, vision_weights=None if planned == "numpy" else "quantized",
                    vision_tower=TowerOptions(n_layers=o.vision_layers, attention=o.attention),
                    text_tower=TowerOptions(n_layers=o.text_layers, attention=o.attention))
-    notes = []
     n_bytes = sum(t.n_bytes for t in vlm.text.gguf.tensors.values())
     # Reading a whole page takes a big model; one this small that claims to is a test model.
     # (A reader of lines, like the bundled one, is small by design.)

@@ -18,7 +18,8 @@ import os
 import sys
 
 _chosen: int | None = None  # the last set_threads count, for torch when it loads later
-_shared = False  # that count is a stage's share of the cores (stage_threads chose it), not the user's
+_shared = False  # that count is a stage's share of the run's threads (the stages overlap)
+_total = 0  # the run's math threads in all (stage_threads)
 
 
 def cpu_count() -> int:
@@ -53,19 +54,20 @@ def blas_env(threads: int) -> dict[str, str]:
     return {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def stage_threads(threads: int | None, overlap: bool) -> int | None:
-    """Threads per pipeline stage: the user's choice, else, when the vision stage overlaps the
-    CPU stage, half the cores each (both stages busy at once must not want more than the
-    machine has). None: no overlap and no choice, so one stage at a time uses every core."""
-    global _shared
-    _shared = threads is None and overlap
-    if _shared:
-        return max(1, cpu_count() // 2)
-    return threads
+def stage_threads(threads: int | None, overlap: bool) -> int:
+    """Math threads per pipeline stage. `threads` is the run's total (default: every core this
+    process may use): with the vision stage overlapping the CPU stage, each gets half, so the two
+    busy at once never want more threads than the machine has (oversubscribed BLAS threads spin
+    against each other: 94 s instead of 33 s for the same pages on 2 cores); one stage at a time
+    gets them all. Once the vision stage is done, the CPU stage takes the vision stage's share
+    (last_stage_alone)."""
+    global _shared, _total
+    _total = threads or cpu_count()
+    _shared = overlap and _total > 1
+    return max(1, _total // 2) if _shared else _total
 
 
 def last_stage_alone() -> None:
-    """The vision stage has finished its last page: when the cores were shared out by
-    stage_threads (no count of the user's), the CPU stage now gets all of them."""
-    if _shared and _chosen is not None and _chosen < cpu_count():
-        set_threads(cpu_count())
+    """The vision stage has finished its last page: the CPU stage gets the run's total."""
+    if _shared and _chosen is not None and _chosen < _total:
+        set_threads(_total)

@@ -62,8 +62,9 @@ def test_bench_pages_two_synthetic_pages_in_process(tmp_path):
     opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf),), max_tokens=3, ignore_eos=True,
                             longest_edge=224, render_workers=1)
     configs = expand_configs(batch_sizes=(1, 2), overlap=(True, False))
-    assert [c.name for c in configs] == ["B=1 f32 flash=on overlap=on", "B=2 f32 flash=on overlap=on",
-                                         "B=1 f32 flash=on overlap=off", "B=2 f32 flash=on overlap=off"]
+    # the defaults are the options table's (weights auto, vision backend auto): what transcribe runs
+    assert [c.name for c in configs] == ["B=1 auto flash=on overlap=on", "B=2 auto flash=on overlap=on",
+                                         "B=1 auto flash=on overlap=off", "B=2 auto flash=on overlap=off"]
     results = bench_pages(opts, configs, isolate=False)
     assert [r["config"]["name"] for r in results] == [c.name for c in configs]
     for r in results:

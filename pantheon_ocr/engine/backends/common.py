@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import OptionError
 
 GPU_EXTRA = "pip install 'pantheon-ocr[gpu]'"
+FAST_EXTRA = "pip install 'pantheon-ocr[fast]'"  # torch for the CPU: bfloat16 weights, the torch vision backend
 COREML_EXTRA = "pip install 'pantheon-ocr[coreml]'"
 
 

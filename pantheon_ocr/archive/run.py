@@ -31,6 +31,7 @@ from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source
+from ..pipeline.files import changed_since, file_stamp
 from ..pipeline.outputs import remove_old_page_files, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
@@ -130,6 +131,8 @@ class _JobRun:
         self.spec, self.executor, self.retry_failed, self.rebuild = spec, executor, retry_failed, rebuild
         self.on_progress, self.say = on_progress, say
         # the text-layer fallback of pages that failed every attempt (a worker started on first use)
+        self.stamps: dict = {}  # doc_id -> files.file_stamp at planning
+        self.changed: dict[str, str] = {}  # doc_id -> how its file changed during this run
         self.fallback = TextLayerFallback(spec.ocr.password, spec.ocr.render_timeout)
         self.figures = FigureCropper(spec.ocr.password, spec.ocr.render_timeout)  # bbox models' image regions
         self.options = spec.pipeline_options()
@@ -165,6 +168,9 @@ class _JobRun:
                 if interrupted:
                     raise KeyboardInterrupt
                 self.docs = Planner(spec, self.state, self.run_id, self.options, self.retry_failed, self.log).plan()
+                # each document's file as planned (and hashed): one that changes while this run
+                # reads it keeps its pages pending, and the next run reads the new version
+                self.stamps = {doc_id: file_stamp(doc) for doc_id, (_, doc) in self.docs.items()}
                 if self.rebuild:
                     rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
                 for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
@@ -230,8 +236,8 @@ class _JobRun:
 
     def _rounds(self) -> None:
         by_row = {row_id: doc for row_id, doc in self.docs.values()}
-        while True:
-            pending = [r for r in self.state.pending_pages() if r["doc"] in by_row]
+        while True:  # the pages of a document that changed meanwhile wait for the next run
+            pending = [r for r in self.state.pending_pages() if r["doc"] in by_row and by_row[r["doc"]].doc_id not in self.changed]
             if not pending:
                 return
             tasks, self.expect = [], {}
@@ -241,11 +247,11 @@ class _JobRun:
                 doc = by_row[r["doc"]]
                 tasks.append(PageTask(doc, r["page"] - 1, r["n_pages"], sampling=sampling))
                 self.expect[(doc.doc_id, r["page"])] = (r["doc"], attempt, sampling)
-            n_before = len(self.log.attempts)
+            n_before = len(self.log.attempts) + len(self.changed)
             self.say(f"{len(tasks):,} page{'s' if len(tasks) != 1 else ''} to run" + ("" if n_before == 0 else " (retries)"))
             if self.executor.run(tasks, self.options, self._record, self.on_progress):
                 raise KeyboardInterrupt
-            if len(self.log.attempts) == n_before:  # nothing came back: do not loop forever
+            if len(self.log.attempts) + len(self.changed) == n_before:  # nothing came back: do not loop forever
                 raise JobError("the executor returned no page results")
 
     def _record(self, result: PageResult) -> None:
@@ -255,6 +261,15 @@ class _JobRun:
             raise JobError("another run took over this job's lock (this run was stalled past lock.stale_after); stopping")
         key = (result.doc.doc_id, result.page)
         if key not in self.expect:
+            return
+        doc_id = result.doc.doc_id
+        why = self.changed.get(doc_id) or changed_since(result.doc, self.stamps.get(doc_id))
+        if why:  # a page of another version must not join the pages of the one we hashed
+            self.expect.pop(key)
+            if doc_id not in self.changed:
+                self.changed[doc_id] = why
+                self.log.fail(str(result.doc.path), None, f"changed while it was being read ({why}): its pages stay "
+                                                          "pending, the next run reads the new version")
             return
         row_id, attempt, sampling = self.expect.pop(key)
         retry_on = self.spec.retry.on

@@ -166,3 +166,34 @@ def test_a_stop_ends_the_run_between_layers_not_after_the_page(tmp_path):
     took = time.perf_counter() - t0
     assert summary.interrupted and took < 10  # not the 30 s the page's vision would take
     assert not (tmp_path / "out" / "a.md").exists() and summary.exit_code == 130
+
+
+def test_an_archive_job_does_not_mix_two_versions_either(tmp_path):
+    """A job reading a document that is renamed over mid-run keeps its pages pending (nothing
+    written from two versions); the next run sees the new file and reads it whole."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "archive"))
+    from harness import write_job
+
+    from fake_engine import EngineFactory
+    from pantheon_ocr.archive.run import run_job
+    from pantheon_ocr.archive.spec import load_job
+
+    a = pdf(tmp_path / "in", "a.pdf", 6, 1)
+    swapped = threading.Event()
+
+    def on_step(n):
+        if not swapped.is_set():
+            (tmp_path / "new.pdf").write_bytes(marked_pdf(6, 2))
+            os.replace(tmp_path / "new.pdf", a)
+            swapped.set()
+
+    job = write_job(tmp_path, ocr={"batch_size": 1})
+    first = run_job(load_job(job), EngineFactory(on_step=on_step, step_sleep=0.01))
+    assert swapped.is_set() and first.exit_code != 0  # a failure of this run, named below
+    assert any("changed while it was being read" in f["reason"] for f in first.summary["failures"])
+    assert not (tmp_path / "out" / "a.md").exists()
+    second = run_job(load_job(job), EngineFactory())
+    assert second.exit_code == 0 and second.summary["documents"] == {"changed": 1, "written": 1}
+    assert "doc 2 page 6" in md_body(tmp_path / "out" / "a.md")

@@ -39,6 +39,30 @@ def matmul_bf16(x: np.ndarray, w) -> np.ndarray:
         return torch.nn.functional.linear(xt, w).float().numpy()
 
 
+_ROWS_EXACT: bool | None = None
+
+
+def rows_exact_for_any_m() -> bool:
+    """Whether torch's bfloat16 matmul gives a row the same bits for every number of rows M >= 2
+    on this machine (measured once per process on random matrices of a few shapes, both the
+    GEMV-like and the GEMM-like ones). oneDNN on AVX-512 BF16 does (measured for M = 2..300 and
+    1-2 threads, shapes of SmolLM2, Qwen and LightOnOCR), but picks another kernel at M = 1 for
+    some shapes: so a decode step pads one row to two and runs any batch in one call, instead of
+    blocks of 16 rows (weights.py), which costs a single stream up to 3x per projection."""
+    global _ROWS_EXACT
+    if _ROWS_EXACT is None:
+        gen = torch.Generator().manual_seed(0)
+        ok = True
+        with torch.inference_mode():
+            for out, inp in ((192, 576), (1024, 3072), (3072, 1024)):
+                w = torch.randn(out, inp, generator=gen).to(torch.bfloat16)
+                x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
+                ref = torch.nn.functional.linear(x[:2], w)
+                ok &= all(torch.equal(torch.nn.functional.linear(x[:m], w)[:2], ref) for m in (3, 16, 17, 40))
+        _ROWS_EXACT = bool(ok)
+    return _ROWS_EXACT
+
+
 def rows_f32(w, ids: np.ndarray) -> np.ndarray:
     """Rows w[ids] as float32 numpy [len(ids), in]."""
     with torch.inference_mode():

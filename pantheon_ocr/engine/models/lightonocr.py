@@ -21,6 +21,7 @@ from ..format.gguf import GGUFFile, meta, meta_array, open_gguf
 from ..ops import add_bias, gelu_erf, rmsnorm
 from ..image.preprocess import ImageSource, preprocess
 from ..text_model import TextModel
+from ..format import names as N
 from ..format.weights import Storage, WeightLoader
 from .pixtral import PixtralVision, VisionConfig, keep, vision_config
 from .reader import ReadingHints
@@ -51,12 +52,12 @@ class Projector:
     def __init__(self, w: WeightLoader, cfg: VisionConfig, eps: float):
         d, s, p = cfg.n_embd, cfg.merge, cfg.projection_dim
         self.merge, self.eps = s, eps
-        self.norm = w.tensor("mm.input_norm.weight", (d,))
-        self.merger = w.matrix("mm.patch_merger.weight", (d, d * s * s))
-        self.linear_1 = w.matrix("mm.1.weight", (p, d))
-        self.bias_1 = w.optional_tensor("mm.1.bias", (p,))
-        self.linear_2 = w.matrix("mm.2.weight", (p, p))
-        self.bias_2 = w.optional_tensor("mm.2.bias", (p,))
+        self.norm = w.tensor(N.MM_INPUT_NORM, (d,))
+        self.merger = w.matrix(N.MM_PATCH_MERGER, (d, d * s * s))
+        self.linear_1 = w.matrix(N.MM_1, (p, d))
+        self.bias_1 = w.optional_tensor(N.MM_1_BIAS, (p,))
+        self.linear_2 = w.matrix(N.MM_2, (p, p))
+        self.bias_2 = w.optional_tensor(N.MM_2_BIAS, (p,))
 
     def forward(self, x: np.ndarray, grid: tuple[int, int], capture: dict | None = None) -> np.ndarray:
         """Vision features [N, D] on a (h, w) patch grid -> image token embeddings [M, n_embd]."""

@@ -23,6 +23,8 @@ from ..cache import DecoderState, KVCache, KVPool, Rows
 from ..format.config import DecoderConfig
 from ..format.gguf import GGUFFile
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
+from ..format import names as N
+from ..format.names import blk
 from ..format.weights import Storage, Weight, WeightLoader
 
 __all__ = ["Decoder", "DecoderState", "LlamaLayer"]
@@ -62,51 +64,52 @@ class Decoder:
         self.cfg, self.storage, self.path, self.tower = cfg, storage, gf.path, tower
         w = WeightLoader(gf, storage)
         c = cfg
-        self.token_embd = w.matrix("token_embd.weight", (c.n_vocab, c.n_embd))  # [n_vocab, n_embd]
-        self.output = self.token_embd if c.tied_embeddings else w.matrix("output.weight", (c.n_vocab, c.n_embd))
-        self.output_norm = w.tensor("output_norm.weight", (c.n_embd,))  # [n_embd]
-        factors = w.optional_tensor("rope_freqs.weight", (c.n_rot // 2,))
+        self.token_embd = w.matrix(N.TOKEN_EMBD, (c.n_vocab, c.n_embd))  # [n_vocab, n_embd]
+        self.output = self.token_embd if c.tied_embeddings else w.matrix(N.OUTPUT, (c.n_vocab, c.n_embd))
+        self.output_norm = w.tensor(N.OUTPUT_NORM, (c.n_embd,))  # [n_embd]
+        factors = w.optional_tensor(N.ROPE_FREQS, (c.n_rot // 2,))
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
         self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
 
     # -- loading -----------------------------------------------------------------------------
     def load_layer(self, w: WeightLoader, i: int) -> LlamaLayer:
-        c, p = self.cfg, f"blk.{i}."
+        c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         dense = not c.n_expert
         return LlamaLayer(
-            attn_norm=w.tensor(p + "attn_norm.weight", (c.n_embd,)),
-            attn_q=w.matrix(p + "attn_q.weight", (qd, c.n_embd)),
-            attn_k=w.matrix(p + "attn_k.weight", (kvd, c.n_embd)),
-            attn_v=w.matrix(p + "attn_v.weight", (kvd, c.n_embd)),
-            attn_output=w.matrix(p + "attn_output.weight", (c.n_embd, qd)),
-            attn_q_bias=w.optional_tensor(p + "attn_q.bias", (qd,)),
-            attn_k_bias=w.optional_tensor(p + "attn_k.bias", (kvd,)),
-            attn_v_bias=w.optional_tensor(p + "attn_v.bias", (kvd,)),
-            attn_output_bias=w.optional_tensor(p + "attn_output.bias", (c.n_embd,)),
-            attn_q_norm=w.tensor(p + "attn_q_norm.weight", (c.head_dim,)) if c.qk_norm else None,
-            attn_k_norm=w.tensor(p + "attn_k_norm.weight", (c.head_dim,)) if c.qk_norm else None,
-            ffn_norm=w.tensor(p + "ffn_norm.weight", (c.n_embd,)),
-            ffn_gate=w.matrix(p + "ffn_gate.weight", (c.n_ff, c.n_embd)) if dense else None,
-            ffn_up=w.matrix(p + "ffn_up.weight", (c.n_ff, c.n_embd)) if dense else None,
-            ffn_down=w.matrix(p + "ffn_down.weight", (c.n_embd, c.n_ff)) if dense else None,
-            ffn_gate_inp=None if dense else w.tensor(p + "ffn_gate_inp.weight", (c.n_expert, c.n_embd)),
-            ffn_experts=() if dense else self._load_experts(w, p),
+            attn_norm=w.tensor(blk(i, N.ATTN_NORM), (c.n_embd,)),
+            attn_q=w.matrix(blk(i, N.ATTN_Q), (qd, c.n_embd)),
+            attn_k=w.matrix(blk(i, N.ATTN_K), (kvd, c.n_embd)),
+            attn_v=w.matrix(blk(i, N.ATTN_V), (kvd, c.n_embd)),
+            attn_output=w.matrix(blk(i, N.ATTN_OUTPUT), (c.n_embd, qd)),
+            attn_q_bias=w.optional_tensor(blk(i, N.ATTN_Q_BIAS), (qd,)),
+            attn_k_bias=w.optional_tensor(blk(i, N.ATTN_K_BIAS), (kvd,)),
+            attn_v_bias=w.optional_tensor(blk(i, N.ATTN_V_BIAS), (kvd,)),
+            attn_output_bias=w.optional_tensor(blk(i, N.ATTN_OUTPUT_BIAS), (c.n_embd,)),
+            attn_q_norm=w.tensor(blk(i, N.ATTN_Q_NORM), (c.head_dim,)) if c.qk_norm else None,
+            attn_k_norm=w.tensor(blk(i, N.ATTN_K_NORM), (c.head_dim,)) if c.qk_norm else None,
+            ffn_norm=w.tensor(blk(i, N.FFN_NORM), (c.n_embd,)),
+            ffn_gate=w.matrix(blk(i, N.FFN_GATE), (c.n_ff, c.n_embd)) if dense else None,
+            ffn_up=w.matrix(blk(i, N.FFN_UP), (c.n_ff, c.n_embd)) if dense else None,
+            ffn_down=w.matrix(blk(i, N.FFN_DOWN), (c.n_embd, c.n_ff)) if dense else None,
+            ffn_gate_inp=None if dense else w.tensor(blk(i, N.FFN_GATE_INP), (c.n_expert, c.n_embd)),
+            ffn_experts=() if dense else self._load_experts(w, i),
         )
 
-    def _load_experts(self, w: WeightLoader, p: str) -> tuple[tuple[Weight, Weight, Weight], ...]:
+    def _load_experts(self, w: WeightLoader, i: int) -> tuple[tuple[Weight, Weight, Weight], ...]:
         c = self.cfg
         e, ff, d = c.n_expert, c.n_ff, c.n_embd
-        if w.has(p + "ffn_gate_exps.weight"):  # merged [E, out, in] tensors, as llama.cpp writes them now
-            gates = w.experts(p + "ffn_gate_exps.weight", (e, ff, d))
-            ups = w.experts(p + "ffn_up_exps.weight", (e, ff, d))
-            downs = w.experts(p + "ffn_down_exps.weight", (e, d, ff))
+        if w.has(blk(i, N.FFN_GATE_EXPS)):  # merged [E, out, in] tensors, as llama.cpp writes them now
+            gates = w.experts(blk(i, N.FFN_GATE_EXPS), (e, ff, d))
+            ups = w.experts(blk(i, N.FFN_UP_EXPS), (e, ff, d))
+            downs = w.experts(blk(i, N.FFN_DOWN_EXPS), (e, d, ff))
             return tuple(zip(gates, ups, downs))
-        if not w.has(p + "ffn_gate.0.weight"):
-            raise ModelError(self.path, f"missing tensor {p + 'ffn_gate_exps.weight'!r} (or split {p + 'ffn_gate.0.weight'!r})")
+        split = blk(i, N.expert(N.FFN_GATE, 0))
+        if not w.has(split):
+            raise ModelError(self.path, f"missing tensor {blk(i, N.FFN_GATE_EXPS)!r} (or split {split!r})")
         return tuple(
-            (w.matrix(f"{p}ffn_gate.{j}.weight", (ff, d)), w.matrix(f"{p}ffn_up.{j}.weight", (ff, d)),
-             w.matrix(f"{p}ffn_down.{j}.weight", (d, ff)))
+            (w.matrix(blk(i, N.expert(N.FFN_GATE, j)), (ff, d)), w.matrix(blk(i, N.expert(N.FFN_UP, j)), (ff, d)),
+             w.matrix(blk(i, N.expert(N.FFN_DOWN, j)), (d, ff)))
             for j in range(e)
         )
 

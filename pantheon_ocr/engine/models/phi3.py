@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import add_bias, swiglu
+from ..format import names as N
+from ..format.names import blk
 from ..format.weights import Weight, WeightLoader
 from .llama import Decoder
 
@@ -32,17 +34,17 @@ class Phi3Layer:
 
 class Phi3Decoder(Decoder):
     def load_layer(self, w: WeightLoader, i: int) -> Phi3Layer:
-        c, p = self.cfg, f"blk.{i}."
+        c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         return Phi3Layer(
-            attn_norm=w.tensor(p + "attn_norm.weight", (c.n_embd,)),
-            attn_qkv=w.matrix(p + "attn_qkv.weight", (qd + 2 * kvd, c.n_embd)),
-            attn_qkv_bias=w.optional_tensor(p + "attn_qkv.bias", (qd + 2 * kvd,)),
-            attn_output=w.matrix(p + "attn_output.weight", (c.n_embd, qd)),
-            attn_output_bias=w.optional_tensor(p + "attn_output.bias", (c.n_embd,)),
-            ffn_norm=w.tensor(p + "ffn_norm.weight", (c.n_embd,)),
-            ffn_up=w.matrix(p + "ffn_up.weight", (2 * c.n_ff, c.n_embd)),
-            ffn_down=w.matrix(p + "ffn_down.weight", (c.n_embd, c.n_ff)),
+            attn_norm=w.tensor(blk(i, N.ATTN_NORM), (c.n_embd,)),
+            attn_qkv=w.matrix(blk(i, N.ATTN_QKV), (qd + 2 * kvd, c.n_embd)),
+            attn_qkv_bias=w.optional_tensor(blk(i, N.ATTN_QKV_BIAS), (qd + 2 * kvd,)),
+            attn_output=w.matrix(blk(i, N.ATTN_OUTPUT), (c.n_embd, qd)),
+            attn_output_bias=w.optional_tensor(blk(i, N.ATTN_OUTPUT_BIAS), (c.n_embd,)),
+            ffn_norm=w.tensor(blk(i, N.FFN_NORM), (c.n_embd,)),
+            ffn_up=w.matrix(blk(i, N.FFN_UP), (2 * c.n_ff, c.n_embd)),
+            ffn_down=w.matrix(blk(i, N.FFN_DOWN), (c.n_embd, c.n_ff)),
         )
 
     def qkv(self, layer: Phi3Layer, h: np.ndarray, exact: bool = False):

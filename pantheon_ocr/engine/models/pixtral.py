@@ -22,6 +22,8 @@ from ..attention import TowerOptions
 from ..format.config import in_range, positive_finite
 from ..format.gguf import GGUFFile, meta, meta_array
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles_2d, swiglu
+from ..format import names as N
+from ..format.names import v_blk
 from ..format.weights import Storage, Weight, WeightLoader
 from .reader import MAX_IMAGE_SIDE, ReadingHints, reading_hints
 
@@ -157,22 +159,22 @@ class PixtralVision:
         self.cfg, self.path, self.tower = cfg, gf.path, tower
         w = WeightLoader(gf, storage)
         c, p = cfg, cfg.patch_size
-        self.patch_embd = conv_weight(w, "v.patch_embd.weight", (c.n_embd, 3, p, p))
-        self.patch_bias = w.optional_tensor("v.patch_embd.bias", (c.n_embd,))
-        self.pre_ln = w.tensor("v.pre_ln.weight", (c.n_embd,))
+        self.patch_embd = conv_weight(w, N.V_PATCH_EMBD, (c.n_embd, 3, p, p))
+        self.patch_bias = w.optional_tensor(N.V_PATCH_EMBD_BIAS, (c.n_embd,))
+        self.pre_ln = w.tensor(N.V_PRE_LN, (c.n_embd,))
         self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
 
     def load_layer(self, w: WeightLoader, i: int) -> PixtralLayer:
-        c, p = self.cfg, f"v.blk.{i}."
+        c = self.cfg
         d, ff = c.n_embd, c.n_ff
         # matrix [out, in] of each projection; every one may have a bias [out]
         shapes = {"attn_q": (d, d), "attn_k": (d, d), "attn_v": (d, d), "attn_out": (d, d),
                   "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff)}
         return PixtralLayer(
-            ln1=w.tensor(p + "ln1.weight", (d,)),
-            ln2=w.tensor(p + "ln2.weight", (d,)),
-            **{name: w.matrix(f"{p}{name}.weight", shape) for name, shape in shapes.items()},
-            **{f"{name}_bias": w.optional_tensor(f"{p}{name}.bias", shape[:1]) for name, shape in shapes.items()},
+            ln1=w.tensor(v_blk(i, N.V_LN1), (d,)),
+            ln2=w.tensor(v_blk(i, N.V_LN2), (d,)),
+            **{name: w.matrix(v_blk(i, f"{name}.weight"), shape) for name, shape in shapes.items()},
+            **{f"{name}_bias": w.optional_tensor(v_blk(i, f"{name}.bias"), shape[:1]) for name, shape in shapes.items()},
         )
 
     # -- forward -----------------------------------------------------------------------------

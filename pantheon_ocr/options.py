@@ -27,7 +27,7 @@ STORAGE_MODES = ("f32", "bf16", "quantized")  # weights: resident float32, resid
 WEIGHT_CHOICES = ("auto",) + STORAGE_MODES  # auto: the engine's plan for this model and CPU (engine/loader.py)
 VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
 VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_DTYPES = ("float32", "float16")
+KV_DTYPES = ("float32", "float16", "int8")
 ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or the naive reference
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
 FORMATS = ("md", "jsonl", "txt")
@@ -179,7 +179,8 @@ class EngineOptions:
     vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "
                                        "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
                                        "else float32.", choices=VISION_DTYPES)
-    kv_dtype: str = option("float32", "KV cache type: float16 halves its memory.", choices=KV_DTYPES)
+    kv_dtype: str = option("float32", "KV cache type: float16 halves its memory, int8 (a scale per position and "
+                                      "head) quarters it.", choices=KV_DTYPES)
     prefill_chunk: int = option(PREFILL_CHUNK, "Prompt tokens prefilled between two decode steps: pages already "
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")

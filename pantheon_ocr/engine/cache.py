@@ -37,14 +37,51 @@ class KVPool:
     [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
     cap is a whole number of KV blocks. Zeroed memory is only committed once written, so a slot
     costs memory for the positions it holds. dtype float16 halves the memory (and the bytes each
-    decode step reads); attention widens it to float32 a block at a time."""
+    decode step reads); int8 about quarters it: each position's key (value) of each head stored
+    as int8 times one float32 scale (its largest magnitude / 127) in ks[layer] / vs[layer]
+    [slots, Hkv, cap, 1]. Keys have outlier channels (Qwen's reach 12x their median), so a key
+    is first divided by its sequence's channel scales kc[layer] [slots, Hkv, 1, D] (each
+    channel's largest magnitude in the sequence's first write, its prompt), then quantized.
+    Attention widens either to float32 a block at a time."""
 
     def __init__(self, n_layer: int, n_kv: int, head_dim: int, dtype=np.float32):
         self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
+        self.quantized = self.dtype == np.int8
         self.k = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
         self.v = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
+        scales = (lambda d: [np.zeros((0, n_kv, 0, d), np.float32) for _ in range(n_layer)]) if self.quantized \
+            else (lambda d: [])
+        self.ks, self.vs = scales(1), scales(1)  # int8 only: per position and head
+        self.kc = [np.ones((0, n_kv, 1, head_dim), np.float32) for _ in range(n_layer)] if self.quantized else []
+        self.kc_set: set[tuple[int, int]] = set()  # (layer, slot) whose channel scales are set
         self.used: list[int] = []  # per slot: positions written (the part a copy must keep)
         self._free: list[int] = []
+
+    def _buffers(self) -> tuple[list[np.ndarray], ...]:
+        return (self.k, self.v, self.ks, self.vs) if self.quantized else (self.k, self.v)
+
+    def store(self, layer: int, slot: int, at, k: np.ndarray, v: np.ndarray) -> None:
+        """k/v [Hkv, T, D] float32 into positions `at` (a slice or indices) of the slot."""
+        if not self.quantized:
+            self.k[layer][slot][:, at] = k
+            self.v[layer][slot][:, at] = v
+            return
+        if (layer, slot) not in self.kc_set:  # the slot's first write (its prompt) sets the channel scales
+            c = np.abs(k).max(axis=1, keepdims=True)  # [Hkv, 1, D]
+            self.kc[layer][slot] = np.where(c > 0, c, 1)
+            self.kc_set.add((layer, slot))
+        for x, q, s in ((k / self.kc[layer][slot], self.k, self.ks), (v, self.v, self.vs)):
+            scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)  # [Hkv, T, 1]
+            scale[scale == 0] = 1
+            q[layer][slot][:, at] = np.rint(x / scale)
+            s[layer][slot][:, at] = scale
+
+    def load(self, layer: int, slot: int, at) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 keys/values of positions `at` of the slot: [Hkv, L, D] each."""
+        k, v = self.k[layer][slot][:, at], self.v[layer][slot][:, at]
+        if self.quantized:
+            return k * self.ks[layer][slot][:, at] * self.kc[layer][slot], v * self.vs[layer][slot][:, at]
+        return k, v
 
     def acquire(self) -> int:
         if self._free:
@@ -56,10 +93,11 @@ class KVPool:
         """The slot's sequence is gone: zero what it wrote (padded attention multiplies the
         weight-0 keys of its neighbours by these values, which must stay finite) and reuse it."""
         n = self.used[slot]
-        for buf in (*self.k, *self.v):
+        for buf in (b for group in self._buffers() for b in group):
             if slot < buf.shape[0]:
                 buf[slot, :, : min(n, buf.shape[2])] = 0
         self.used[slot] = 0
+        self.kc_set = {ls for ls in self.kc_set if ls[1] != slot}
         heapq.heappush(self._free, slot)
 
     def reserve(self, layer: int, slot: int, n: int, limit: int) -> None:
@@ -70,15 +108,19 @@ class KVPool:
             return
         new_slots = max(slot + 1, slots, 2 * slots if slot >= slots else 0)
         new_cap = _blocks(max(n, cap, min(2 * cap, limit) if n > cap else 0))
-        for buf in (self.k, self.v):
-            grown = np.zeros((new_slots, self.n_kv, new_cap, self.head_dim), self.dtype)
+        if self.quantized and new_slots > self.kc[layer].shape[0]:  # channel scales: one per slot
+            kc = np.ones((new_slots, self.n_kv, 1, self.head_dim), np.float32)
+            kc[: self.kc[layer].shape[0]] = self.kc[layer]
+            self.kc[layer] = kc
+        for buf in self._buffers():
+            grown = np.zeros((new_slots, self.n_kv, new_cap, buf[layer].shape[3]), buf[layer].dtype)
             for s in range(min(slots, len(self.used))):  # slots past `used` were never acquired
                 n_s = min(self.used[s], cap)  # `used` counts every layer; this one may hold fewer
                 grown[s, :, :n_s] = buf[layer][s, :, :n_s]
             buf[layer] = grown
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return sum(a.nbytes for group in self._buffers() for a in group)
 
 
 class KVCache:
@@ -118,13 +160,11 @@ class KVCache:
             keep = min(t, self.max_seq)
             pool.reserve(layer, slot, min(pos0 + t, self.max_seq), self.max_seq)
             slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
-            pool.k[layer][slot][:, slots] = k[:, t - keep :]
-            pool.v[layer][slot][:, slots] = v[:, t - keep :]
+            pool.store(layer, slot, slots, k[:, t - keep :], v[:, t - keep :])
             end = min(pos0 + t, self.max_seq)
         else:
             pool.reserve(layer, slot, pos0 + t, self.max_seq)
-            pool.k[layer][slot, :, pos0 : pos0 + t] = k
-            pool.v[layer][slot, :, pos0 : pos0 + t] = v
+            pool.store(layer, slot, slice(pos0, pos0 + t), k, v)
             end = pos0 + t
         pool.used[slot] = max(pool.used[slot], end)
 
@@ -132,13 +172,10 @@ class KVCache:
         """Keys/values of the positions before n_pos that are still held, with their positions,
         in ascending position order: (k [Hkv, L, D], v, positions [L])."""
         slot = self.held_slot()
-        k, v = self.pool.k[layer][slot], self.pool.v[layer][slot]
         if self.ring and n_pos > self.max_seq:
-            first = n_pos - self.max_seq
-            pos = np.arange(first, n_pos)
-            slots = pos % self.max_seq
-            return k[:, slots], v[:, slots], pos
-        return k[:, :n_pos], v[:, :n_pos], np.arange(n_pos)
+            pos = np.arange(n_pos - self.max_seq, n_pos)
+            return (*self.pool.load(layer, slot, pos % self.max_seq), pos)
+        return (*self.pool.load(layer, slot, slice(0, n_pos)), np.arange(n_pos))
 
     def held(self, n_pos: int) -> int:
         """Keys a query at position n_pos - 1 attends to."""
@@ -183,16 +220,24 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
         lengths = np.array([caches[b].held(n_pos[b]) for b in members], np.int64)
         lo, hi = int(slots.min()), int(slots.max()) + 1
         keys = -(-int(lengths.max()) // DECODE_BLOCK) * DECODE_BLOCK  # the blocks any row needs
+        bufs = (pool.k, pool.v, pool.ks, pool.vs) if pool.quantized else (pool.k, pool.v)
+        channels = pool.kc[layer][slots] if pool.quantized else None  # [n, Hkv, 1, D] of the members
         if len(members) >= 0.75 * (hi - lo):  # nearly every slot of the range is live: a view
-            k, v = pool.k[layer][lo:hi, :, :keys], pool.v[layer][lo:hi, :, :keys]
+            kv = [b[layer][lo:hi, :, :keys] for b in bufs]
             rows = slots - lo
             qs = np.zeros((hi - lo, *q.shape[1:]), np.float32)
             lens = np.zeros(hi - lo, np.int64)
             qs[rows], lens[rows] = q[members], lengths
+            if channels is not None:  # the range's other slots take no part: any scale does
+                full = np.ones((hi - lo, *channels.shape[1:]), np.float32)
+                full[rows] = channels
+                channels = full
         else:  # a sparse range (many finished neighbours): copy the live slots' needed keys only
-            k, v = pool.k[layer][slots, :, :keys], pool.v[layer][slots, :, :keys]
+            kv = [b[layer][slots, :, :keys] for b in bufs]
             rows, qs, lens = np.arange(len(members)), q[members], lengths
-        out[members] = padded_decode_attention(qs, k, v, lens, scale=scale, block=DECODE_BLOCK)[rows]
+        out[members] = padded_decode_attention(qs, kv[0], kv[1], lens, scale=scale, block=DECODE_BLOCK,
+                                               k_scale=kv[2] if pool.quantized else None,
+                                               v_scale=kv[3] if pool.quantized else None, k_channels=channels)[rows]
     return out
 
 

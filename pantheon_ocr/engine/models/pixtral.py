@@ -236,6 +236,7 @@ class PixtralVision:
             a[:, s:e] = self.attention(q[:, s:e], k[:, s:e], v[:, s:e])  # [H, N_i, d]
         a = a.transpose(1, 0, 2).reshape(n, c.n_embd)  # [N, D]
         x = x + add_bias(layer.attn_out.matmul(a), layer.attn_out_bias)  # [N, D]
+        check_cancelled()  # a full page's layer is seconds in numpy: look again halfway
         hn = rmsnorm(x, layer.ln2, c.eps)  # [N, D]
         g = add_bias(layer.ffn_gate.matmul(hn), layer.ffn_gate_bias)  # [N, ff]
         u = add_bias(layer.ffn_up.matmul(hn), layer.ffn_up_bias)  # [N, ff]

@@ -220,11 +220,11 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
 
 
 def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32), context: int = 256,
-                 steps: int = 8, layers: int | None = None, seed: int = 0) -> dict:
+                 steps: int = 8, layers: int | None = None, seed: int = 0, kv_dtype: str = "float32") -> dict:
     """forward_batch alone: B sequences, each with `context` cached positions (random K/V: the
-    values do not change the cost), advanced one token per step. The batch sizes take turns
-    step by step (round robin), so that a change in machine load hits them all alike; the
-    median step time per B gives tokens/s = B / step."""
+    values do not change the cost) in one `kv_dtype` pool, advanced one token per step. The
+    batch sizes take turns step by step (round robin), so that a change in machine load hits
+    them all alike; the median step time per B gives tokens/s = B / step."""
     from ..engine.batch import forward_batch
     from ..engine.loader import load_model
 
@@ -235,7 +235,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     dec, cfg = tm.decoder, tm.config
     n_full = cfg.n_layer
     truncated = len(dec.layers) < n_full
-    pool = dec.new_pool()  # one pool for every batch: the padded decode attention of a real run
+    pool = dec.new_pool(np.dtype(kv_dtype))  # one pool for every batch: the padded decode attention of a real run
     rng = np.random.default_rng(seed)
     kv = rng.standard_normal((cfg.n_head_kv, context, cfg.head_dim), dtype=np.float32)
     groups = {}
@@ -275,6 +275,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
         r["speedup_vs_first"] = r["tok_s"] / base
     return {
         "stage": "decode", "storage": storage, "model": str(model), "context": context, "steps": steps,
+        "kv_dtype": kv_dtype,
         "layers_run": len(dec.layers), "layers_full": n_full, "estimated": truncated, "rows": rows,
         "load_s": load_s, "rss_after_load_mb": rss_load,
     }

@@ -157,20 +157,22 @@ def _ocr_line(r: dict, header: bool) -> None:
 @click.option("--steps", default=8, show_default=True, type=click.IntRange(1), help="Timed steps (median).")
 @click.option("--threads", default=None, help="BLAS threads per configuration, e.g. 1,2.")
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
+@table_options(EngineOptions, "kv_dtype")
 @click.option("--in-process", is_flag=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
-def decode(model, weights, batch_sizes, context, steps, threads, text_layers, in_process, json_path) -> None:
+def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv_dtype, in_process, json_path) -> None:
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
     from ..bench.isolation import cpu_info, run_isolated
 
     sizes = _ints(batch_sizes, "--batch-size")
-    click.echo(f"# {cpu_info()}")
+    click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
     click.echo(f"{'weights':9} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} {'x B=' + str(sizes[0]):>6} "
                f"{'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
         for st in _choices(weights, "--weights", STORAGE_MODES):
-            kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers)
+            kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers,
+                      kv_dtype=kv_dtype)
             r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)
             out.append(r)
             for row in r["rows"]:

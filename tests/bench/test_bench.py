@@ -102,6 +102,8 @@ def test_stage_benches_tiny_model():
     assert p["attention"] == "naive" and not p["estimated"] and p["prompt_tokens"] == p["image_tokens"] + 12
     d = bench_decode(TEXT, "f32", batch_sizes=(1, 3), context=8, steps=2)
     assert [r["batch"] for r in d["rows"]] == [1, 3] and d["rows"][0]["speedup_vs_first"] == 1.0
+    q = bench_decode(TEXT, "f32", batch_sizes=(2,), context=8, steps=1, kv_dtype="int8")
+    assert q["kv_dtype"] == "int8" and q["rows"][0]["tok_s"] > 0
 
 
 def test_cli_bench_ocr_and_decode_json(tmp_path):
@@ -114,8 +116,9 @@ def test_cli_bench_ocr_and_decode_json(tmp_path):
     assert all(r["peak_rss_mb"] > 0 for r in rows)
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--model", TEXT, "--batch-size", "1,2", "--context", "4", "--steps", "1",
-                 "--in-process", "--json", str(out)]) == 0
-    assert [r["batch"] for r in json.loads(out.read_text())[0]["rows"]] == [1, 2]
+                 "--kv-dtype", "float16", "--in-process", "--json", str(out)]) == 0
+    (d,) = json.loads(out.read_text())
+    assert [r["batch"] for r in d["rows"]] == [1, 2] and d["kv_dtype"] == "float16"
 
 
 def test_random_lightonocr_names_and_dtypes_match_the_converter():

@@ -93,6 +93,7 @@ class PixtralBlock(nn.Module):
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         a = F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v, attn_mask=mask)  # [B, H, N, hd]
         x = x + self.o_proj(a.transpose(1, 2).flatten(2))
+        check_cancelled()  # a full page's layer is seconds on a CPU: look again halfway
         return x + self.feed_forward(self.ffn_norm(x))
 
 

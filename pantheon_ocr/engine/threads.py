@@ -9,17 +9,25 @@ calls set_threads itself (bench/isolation.py passes it along).
 
 Why it matters: two stage threads (vision and the CPU stage) that each drive a BLAS using every
 core oversubscribe the machine; on 2 cores that measured 94 s instead of 33 s for the same pages.
-With the stages overlapping, each gets its share of the cores (`stage_threads`).
+With the stages overlapping, each gets its share of the cores (`stage_threads`), and a stage
+that runs while the other holds no work takes them all (`stage_share`).
+
+torch's count is per OS thread (each thread keeps the count it had when it first used torch, and
+set_num_threads changes the caller's only), so each stage thread sets its own; the BLAS count is
+process-wide and follows the stage that started a unit of work last.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 
 _chosen: int | None = None  # the last set_threads count, for torch when it loads later
 _shared = False  # that count is a stage's share of the run's threads (the stages overlap)
 _total = 0  # the run's math threads in all (stage_threads)
+_blas = 0  # the process-wide BLAS / OpenMP count set last
+_local = threading.local()  # .count: the calling thread's own (torch) count, as set_threads set it
 
 
 def cpu_count() -> int:
@@ -34,10 +42,15 @@ def set_threads(threads: int) -> None:
     """Every loaded BLAS / OpenMP pool, and torch's if loaded, uses `threads` threads from now on."""
     from threadpoolctl import threadpool_limits
 
-    global _chosen
-    _chosen = threads
+    global _chosen, _blas
+    _chosen = _blas = _local.count = threads
     threadpool_limits(limits=threads)  # BLAS and OpenMP pools of every library loaded so far
     torch_threads()
+
+
+def current() -> int | None:
+    """The count set_threads last set from the calling thread (None: never from this thread)."""
+    return getattr(_local, "count", None)
 
 
 def torch_threads() -> None:
@@ -59,15 +72,22 @@ def stage_threads(threads: int | None, overlap: bool) -> int:
     process may use): with the vision stage overlapping the CPU stage, each gets half, so the two
     busy at once never want more threads than the machine has (oversubscribed BLAS threads spin
     against each other: 94 s instead of 33 s for the same pages on 2 cores); one stage at a time
-    gets them all. Once the vision stage is done, the CPU stage takes the vision stage's share
-    (last_stage_alone)."""
+    gets them all. A stage running while the other holds no work takes them all (stage_share)."""
     global _shared, _total
     _total = threads or cpu_count()
     _shared = overlap and _total > 1
     return max(1, _total // 2) if _shared else _total
 
 
-def last_stage_alone() -> None:
-    """The vision stage has finished its last page: the CPU stage gets the run's total."""
-    if _shared and _chosen is not None and _chosen < _total:
-        set_threads(_total)
+def stage_share(alone: bool) -> None:
+    """Called by an overlapping stage's thread before each unit of work (a page's vision, a decode
+    step): the run's total when the other stage holds no work (`alone`), else half. The vision
+    stage is alone when the CPU stage holds no page, which stays true for the whole page since
+    the CPU stage gets pages only from it (one page on a CPU: vision with every core); the CPU
+    stage is alone once the vision stage has finished its last page. A no-op unless the stages
+    overlap, and cheap when nothing changes."""
+    if not _shared:
+        return
+    want = _total if alone else max(1, _total // 2)
+    if current() != want or _blas != want:
+        set_threads(want)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..engine.cancel import Cancelled, cancel_on
-from ..engine.threads import last_stage_alone
+from ..engine.threads import stage_share
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
@@ -35,6 +35,7 @@ class _Page:
     task: PageTask
     payload: Any
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    held: bool = False  # handed to the CPU stage and not yet ended there (Stages._held counts these)
 
 
 @dataclass
@@ -62,6 +63,11 @@ class Stages:
         # pages past each stage, and the pages decoding now with the tokens they hold (read by the
         # main thread for progress; each written by one stage thread)
         self.counts = {"rendered": 0, "encoded": 0, "prefilled": 0, "decoding": 0, "live_tokens": 0}
+        # pages the CPU stage holds (queued for it, prefilling or decoding): with none, the vision
+        # stage may take every core for its next page (engine/threads.stage_share)
+        self._held = 0
+        self._held_lock = threading.Lock()
+        self._vision_done = False  # the vision stage has passed its last page: the CPU stage may take every core
 
     def start(self) -> None:
         stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
@@ -122,7 +128,21 @@ class Stages:
                          f"prefill {s['prefill']:.1f} s, decode {s['decode']:.1f} s)")
         return True
 
+    def _hand_over(self, page: _Page) -> bool:
+        """Vision thread: the page goes to the CPU stage."""
+        with self._held_lock:
+            self._held += 1
+        page.held = True
+        return self._put(self.features_q, page)
+
+    def _ended(self, page: _Page) -> None:
+        if page.held:
+            page.held = False
+            with self._held_lock:
+                self._held -= 1
+
     def _fail(self, page: _Page, reason: str) -> None:
+        self._ended(page)
         page.payload = None
         self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds))
 
@@ -157,9 +177,11 @@ class Stages:
             if page is None:
                 return
             if page is END:
+                self._vision_done = True
                 self._put(self.features_q, END)
                 return
-            if self._vision(page) and not self._put(self.features_q, page):
+            stage_share(alone=self._held == 0)
+            if self._vision(page) and not self._hand_over(page):
                 return
 
     def _cpu_loop(self) -> None:
@@ -181,6 +203,8 @@ class Stages:
     def _batching(self, source: queue.Queue) -> None:
         upstream_done = False
         while not self.stop.is_set():
+            if self.options.overlap:
+                stage_share(alone=self._vision_done)  # the vision stage done: its cores are free
             while len(self._active) < self.options.batch_size and not (upstream_done and self._joining is None):
                 if self._joining is None:
                     page = self._get(source, block=not self._active)
@@ -188,8 +212,6 @@ class Stages:
                         break
                     if page is END:
                         upstream_done = True
-                        if self.options.overlap:
-                            last_stage_alone()  # the vision thread is done: its cores are free
                         break
                     if not self.options.overlap and not self._vision(page):
                         continue
@@ -277,6 +299,7 @@ class Stages:
         return True
 
     def _emit(self, a: _Active) -> None:
+        self._ended(a.page)
         try:
             text = a.seq.text()
         except Exception as e:  # noqa: BLE001

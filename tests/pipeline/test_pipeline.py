@@ -247,6 +247,37 @@ def test_overlap_switch(tmp_path, overlap):
         assert not overlapping(engine.vision_spans, engine.decode_spans)
 
 
+def test_a_stage_with_the_other_idle_takes_every_core(tmp_path):
+    """Overlapping stages on 2 threads: the first page's vision runs with both (the CPU stage holds
+    no page and can get none before it), later pages' with one while pages decode, and the decode
+    steps (and prefill) from the end of the last vision on with both again."""
+    from pantheon_ocr.engine import threads
+
+    seen: dict[str, list] = {"vision": [], "decode": []}
+
+    class Counting(FakeEngine):
+        def vision(self, image):
+            seen["vision"].append(threads.current())
+            return super().vision(image)
+
+        def decode_step(self, seqs):
+            seen["decode"].append(threads.current())
+            return super().decode_step(seqs)
+
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    threads.set_threads(threads.stage_threads(2, overlap=True))
+    try:
+        # a page decodes for 16 x 50 ms: the next pages are rendered and encoded meanwhile
+        engine = Counting(vision_sleep=0.1, step_sleep=0.05, n_tokens=lambda f: 16)
+        summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, batch_size=2))
+    finally:
+        threads.set_threads(threads.stage_threads(None, overlap=False))
+    assert summary.documents[0].status == "written"
+    assert seen["vision"] == [2, 1, 1]
+    assert 1 in seen["decode"] and seen["decode"][-1] == 2
+    assert seen["decode"][seen["decode"].index(2):] == [2] * (len(seen["decode"]) - seen["decode"].index(2))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_memory_stays_bounded_on_a_long_pdf(tmp_path):
     n = 100

@@ -149,12 +149,18 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
     # Scores are kept transposed, [n, Hkv, keys, g]: K_block [blk, D] @ q^T [D, g] is the GEMM
     # OpenBLAS runs ~2x faster than q [g, D] @ K_block^T (measured, B = 16, 3,000 keys).
     qt = np.ascontiguousarray((q.reshape(n, hkv, g, d) * np.float32(scale)).swapaxes(-1, -2))  # [n, Hkv, D, g]
+    if k_channels is not None:
+        # int8 keys: K[p, c] * ks[p] * kc[c] . q[c] = ks[p] * (K[p, c] . (kc[c] q[c])): the channel
+        # scales go on the query and the position scales on the scores, both small, so the only
+        # pass over a block of keys is its widening (the keys are the step's memory traffic)
+        qt = np.ascontiguousarray(qt * k_channels.swapaxes(-1, -2))  # [n, Hkv, D, g]
     s = np.empty((n, hkv, n_blk * block, g), np.float32)
     for j in range(n_blk):
         kb = k[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)  # [n, Hkv, blk, D]
+        sb = s[:, :, j * block : (j + 1) * block]
+        np.matmul(kb, qt, out=sb)
         if k_scale is not None:
-            kb = kb * k_scale[:, :, j * block : (j + 1) * block] * k_channels
-        np.matmul(kb, qt, out=s[:, :, j * block : (j + 1) * block])
+            sb *= k_scale[:, :, j * block : (j + 1) * block]
     hidden = np.arange(n_blk * block)[None, :] >= lengths[:, None]  # [n, padded L]
     np.copyto(s, np.float32(-np.inf), where=hidden[:, None, :, None])
     m = s.max(axis=-2, keepdims=True)  # [n, Hkv, 1, g]
@@ -167,8 +173,8 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
         p = s[:, :, j * block : (j + 1) * block]  # [n, Hkv, blk, g]
         total += p.sum(axis=-2, keepdims=True)
         vb = v[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)  # [n, Hkv, blk, D]
-        if v_scale is not None:
-            vb = vb * v_scale[:, :, j * block : (j + 1) * block]
+        if v_scale is not None:  # p . (V vs) = (p vs) . V: the position scales on the weights
+            p = p * v_scale[:, :, j * block : (j + 1) * block]
         acc += p.swapaxes(-1, -2) @ vb
     total[total == 0] = 1  # rows with no key: 0 / 1
     return (acc / total.swapaxes(-1, -2)).reshape(n, hq, d)

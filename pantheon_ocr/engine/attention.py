@@ -39,6 +39,10 @@ class TowerOptions:
     q_block: int | None = None  # flash tile rows (None: the tower's own)
     kv_block: int | None = None  # flash tile keys (None: the tower's own)
     on_layer: Callable[[int, float], None] | None = None  # timing hook: called (layer index, seconds)
+    # a faster kernel for causal attention of a chunk at the end of its keys (no window, no tile
+    # sizes asked), called with attend's arguments minus the positions: the decoder sets torch's
+    # when its matmuls run in torch
+    causal_chunk: Callable[..., np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -55,8 +59,18 @@ class TowerOptions:
         """The chosen kernel on q [Hq, Tq, D], k/v [Hkv, Tk, D]."""
         if self.attention == "naive":
             return naive_attention(q, k, v, q_pos, k_pos, scale=scale, causal=causal, window=window)
+        tiles_asked = self.q_block is not None or self.kv_block is not None  # a benchmark of the blocked kernel
+        if self.causal_chunk is not None and causal and not window and not tiles_asked:
+            if _chunk_at_the_end(q_pos, k_pos):
+                return self.causal_chunk(q, k, v, scale=scale)
         return flash_attention(q, k, v, q_pos, k_pos, scale=scale, causal=causal, window=window,
                                q_block=self.q_block or q_block, kv_block=self.kv_block or kv_block)
+
+
+def _chunk_at_the_end(q_pos, k_pos) -> bool:
+    """Keys at positions 0..Tk-1 and queries at the last Tq of them (both ascending)."""
+    tq, tk = len(q_pos), len(k_pos)
+    return 0 < tq <= tk and k_pos[0] == 0 and k_pos[-1] == tk - 1 and q_pos[0] == tk - tq and q_pos[-1] == tk - 1
 
 
 def _visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int) -> np.ndarray | None:

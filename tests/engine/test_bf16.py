@@ -91,3 +91,26 @@ def test_auto_vision_backend_is_torch_on_the_cpu(monkeypatch):
         assert B.resolve_dtype("torch", "cpu", "auto") == ("bfloat16" if has else "float32")
         assert B.resolve_dtype("numpy", "cpu", "auto") == "float32"
         assert B.resolve_dtype("torch", "cpu", "float16") == "float16"  # an explicit choice stands
+
+
+def test_bf16_decoders_prefill_with_torch_attention_as_numpys():
+    """bf16 decoders prefill with torch's causal attention kernel; a prompt prefilled in chunks
+    after a cached prefix gives the logits of the numpy blocked kernel up to summation order."""
+    from dataclasses import replace
+
+    from pantheon_ocr.engine.backends.torch_attention import causal_chunk_attention
+
+    assert load_model(LIGHTONOCR_TEXT, weights="f32").decoder.tower.causal_chunk is None
+    torch_model, numpy_model = load_model(LIGHTONOCR_TEXT, weights="bf16"), load_model(LIGHTONOCR_TEXT, weights="bf16")
+    assert torch_model.decoder.tower.causal_chunk is causal_chunk_attention
+    numpy_model.decoder.tower = replace(numpy_model.decoder.tower, causal_chunk=None)
+    prompt = _prompts(torch_model.config.n_vocab, 1, seed=7)[0] * 3  # chunks of 17 over a growing cache
+
+    def chunked(model):
+        d = model.decoder
+        st = d.new_state(len(prompt) + 1)
+        return np.stack([d.forward(st, prompt[i:i + 17])[-1] for i in range(0, len(prompt), 17)])
+
+    got, ref = chunked(torch_model), chunked(numpy_model)
+    assert rel_err(got, ref) <= 1e-5
+    assert (got.argmax(-1) == ref.argmax(-1)).all()

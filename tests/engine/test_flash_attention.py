@@ -51,6 +51,46 @@ def test_causal_after_cached_prefix(prefix, t, group):
     _close(flash_attention(q, k, v, qpos, kpos, scale=d ** -0.5, causal=True), ref)
 
 
+@pytest.mark.parametrize("prefix,t", [(0, 1), (0, 300), (5, 31), (255, 257), (600, 7)])
+@pytest.mark.parametrize("group", [1, 2, 7])
+def test_torch_causal_chunk_equals_naive(prefix, t, group):
+    """The torch kernel that bf16 decoders prefill with, on a chunk after its cached prefix."""
+    pytest.importorskip("torch")
+    from pantheon_ocr.engine.backends.torch_attention import causal_chunk_attention
+
+    rng = np.random.default_rng(prefix * 11 + t + group)
+    hkv, d = (1 if group == 7 else 2), 32
+    q, k, v = _qkv(rng, hkv, group, t, prefix + t, d)
+    ref = naive_attention(q, k, v, np.arange(prefix, prefix + t), np.arange(prefix + t), scale=d ** -0.5, causal=True)
+    _close(causal_chunk_attention(q, k, v, scale=d ** -0.5), ref)
+
+
+def test_the_causal_chunk_kernel_serves_only_a_chunk_at_the_end_of_its_keys():
+    calls = []
+
+    def spy(q, k, v, *, scale):
+        calls.append(q.shape[1])
+        return np.zeros_like(q)
+
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, 2, 2, 8, 20, 16)
+    tower = TowerOptions(causal_chunk=spy)
+    at_end, kpos = np.arange(12, 20), np.arange(20)
+    tower.attend(q, k, v, at_end, kpos, scale=0.25)
+    assert calls == [8]
+    ref = naive_attention(q, k, v, at_end, kpos, scale=0.25, causal=True, window=4)
+    _close(tower.attend(q, k, v, at_end, kpos, scale=0.25, window=4), ref)  # a window: the blocked kernel
+    ref = naive_attention(q, k, v, at_end, kpos, scale=0.25, causal=False)
+    _close(tower.attend(q, k, v, at_end, kpos, scale=0.25, causal=False), ref)  # not causal (vision)
+    ring = np.arange(4, 24)  # a ring cache's held keys do not start at 0
+    ref = naive_attention(q, k, v, np.arange(16, 24), ring, scale=0.25, causal=True)
+    _close(tower.attend(q, k, v, np.arange(16, 24), ring, scale=0.25), ref)
+    assert calls == [8]
+    TowerOptions(attention="naive", causal_chunk=spy).attend(q, k, v, at_end, kpos, scale=0.25)
+    TowerOptions(q_block=4, causal_chunk=spy).attend(q, k, v, at_end, kpos, scale=0.25)
+    assert calls == [8]  # the naive reference stays the reference; asked-for tiles get the blocked kernel
+
+
 @pytest.mark.parametrize("window", [1, 5, 32, 100, 256, 1000])
 @pytest.mark.parametrize("prefix,t", [(0, 600), (300, 257), (40, 1)])
 def test_sliding_window(window, prefix, t):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,6 +61,10 @@ class Decoder:
     timing hook."""
 
     def __init__(self, gf: GGUFFile, cfg: DecoderConfig, storage: Storage, tower: TowerOptions = TowerOptions()):
+        if storage == "bf16" and tower.attention == "flash" and tower.causal_chunk is None:
+            # the projections run in torch already: so does causal prefill attention (1.4x numpy's)
+            from ..backends.torch_attention import causal_chunk_attention
+            tower = replace(tower, causal_chunk=causal_chunk_attention)
         self.cfg, self.storage, self.path, self.tower = cfg, storage, gf.path, tower
         w = WeightLoader(gf, storage)
         c = cfg

@@ -6,8 +6,15 @@ from __future__ import annotations
 PLANNED = ("new", "changed", "unchanged", "skipped (unreadable)")  # what the plan found, one per document
 
 
-def count(n: int, word: str) -> str:
-    return f"{n:,} {word if n == 1 else word + 's'}"
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """`1 page`, `3 pages`, `1 document`, `2 input paths`."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
+def count_by(parts: dict[str, int], word: str) -> str:
+    """`3 documents (1 new, 2 unchanged)`: the total, then each part in the dict's order."""
+    return count(sum(parts.values()), word) + (" (" + ", ".join(f"{n:,} {k}" for k, n in parts.items()) + ")"
+                                               if parts else "")
 
 
 def documents_line(events: dict) -> str:
@@ -17,7 +24,7 @@ def documents_line(events: dict) -> str:
     out = {k: n for k, n in events.items() if k not in PLANNED}
     if not seen and not out:
         return "no documents"
-    text = count(sum(seen.values()), "document") + (" (" + ", ".join(f"{n:,} {k}" for k, n in seen.items()) + ")" if seen else "")
+    text = count_by(seen, "document")
     return text + ("; " + ", ".join(f"{n:,} {k}" for k, n in out.items()) if out else "")
 
 

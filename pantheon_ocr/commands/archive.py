@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .common import count, sigterm_as_interrupt
+from .common import count, count_by, sigterm_as_interrupt
 
 
 @click.group()
@@ -82,12 +82,9 @@ def status(job, as_json) -> None:
         click.echo("no runs yet")
         return
 
-    def counts(d: dict, word: str) -> str:
-        return f"{count(sum(d.values()), word)}" + (" (" + ", ".join(f"{n:,} {k}" for k, n in sorted(d.items())) + ")" if d else "")
-
-    click.echo(f"documents: {counts(info['documents'], 'document')}"
+    click.echo(f"documents: {count_by(dict(sorted(info['documents'].items())), 'document')}"
                + (f" ({info['not_in_last_run']} not among the last run's inputs)" if info.get("not_in_last_run") else ""))
-    click.echo(f"pages: {counts(info['pages'], 'page')}")
+    click.echo(f"pages: {count_by(dict(sorted(info['pages'].items())), 'page')}")
     if info["running"]:
         r = info["running"]
         state = "stale lock (that run is gone; the next run takes over)" if r["stale"] else "running now"

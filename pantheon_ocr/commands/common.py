@@ -1,4 +1,5 @@
-"""What the commands share: SIGTERM handled like Ctrl-C, counts in words, the run summary."""
+"""What the commands share: SIGTERM handled like Ctrl-C, the engine's notes, the run summary (counts in
+words from archive/wording.py, which the reports use too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from contextlib import contextmanager
 
 import click
 
+from ..archive.wording import count, count_by
 from ..errors import path_text
 
 
@@ -48,11 +50,6 @@ def echo_notes(notes: list[str]) -> None:
             click.echo(f"note: {n}", err=True)
 
 
-def count(n: int, word: str, plural: str | None = None) -> str:
-    """`1 page`, `3 pages`, `1 document`, `2 input paths`."""
-    return f"{n:,} {word if n == 1 else plural or word + 's'}"
-
-
 def summary_lines(summary, to_stdout: bool = False) -> list[str]:
     """The end of a run, documents and pages counted apart: a line per document (its outputs,
     unless they went to standard output), the failures, then the totals."""
@@ -74,9 +71,7 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
     by_status: dict[str, int] = {}
     for d in summary.documents:
         by_status[d.status] = by_status.get(d.status, 0) + 1
-    docs = count(len(summary.documents), "document") + (
-        " (" + ", ".join(f"{n:,} {s}" for s, n in by_status.items()) + ")" if by_status else "")
-    lines.append(f"{docs}; {count(summary.pages_done, 'page')} read, {count(summary.tokens, 'token')} "
+    lines.append(f"{count_by(by_status, 'document')}; {count(summary.pages_done, 'page')} read, {count(summary.tokens, 'token')} "
                  f"in {summary.seconds:.1f} s")
     return lines
 

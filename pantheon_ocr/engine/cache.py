@@ -57,7 +57,8 @@ class KVPool:
         self.used: list[int] = []  # per slot: positions written (the part a copy must keep)
         self._free: list[int] = []
 
-    def _buffers(self) -> tuple[list[np.ndarray], ...]:
+    def buffers(self) -> tuple[list[np.ndarray], ...]:
+        """Every per-layer array list a slot's positions live in: k, v (and ks, vs for int8)."""
         return (self.k, self.v, self.ks, self.vs) if self.quantized else (self.k, self.v)
 
     def store(self, layer: int, slot: int, at, k: np.ndarray, v: np.ndarray) -> None:
@@ -93,7 +94,7 @@ class KVPool:
         """The slot's sequence is gone: zero what it wrote (padded attention multiplies the
         weight-0 keys of its neighbours by these values, which must stay finite) and reuse it."""
         n = self.used[slot]
-        for buf in (b for group in self._buffers() for b in group):
+        for buf in (b for group in self.buffers() for b in group):
             if slot < buf.shape[0]:
                 buf[slot, :, : min(n, buf.shape[2])] = 0
         self.used[slot] = 0
@@ -112,7 +113,7 @@ class KVPool:
             kc = np.ones((new_slots, self.n_kv, 1, self.head_dim), np.float32)
             kc[: self.kc[layer].shape[0]] = self.kc[layer]
             self.kc[layer] = kc
-        for buf in self._buffers():
+        for buf in self.buffers():
             grown = np.zeros((new_slots, self.n_kv, new_cap, buf[layer].shape[3]), buf[layer].dtype)
             for s in range(min(slots, len(self.used))):  # slots past `used` were never acquired
                 n_s = min(self.used[s], cap)  # `used` counts every layer; this one may hold fewer
@@ -120,7 +121,7 @@ class KVPool:
             buf[layer] = grown
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for group in self._buffers() for a in group)
+        return sum(a.nbytes for group in self.buffers() for a in group)
 
 
 class KVCache:
@@ -220,7 +221,7 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
         lengths = np.array([caches[b].held(n_pos[b]) for b in members], np.int64)
         lo, hi = int(slots.min()), int(slots.max()) + 1
         keys = -(-int(lengths.max()) // DECODE_BLOCK) * DECODE_BLOCK  # the blocks any row needs
-        bufs = (pool.k, pool.v, pool.ks, pool.vs) if pool.quantized else (pool.k, pool.v)
+        bufs = pool.buffers()
         channels = pool.kc[layer][slots] if pool.quantized else None  # [n, Hkv, 1, D] of the members
         if len(members) >= 0.75 * (hi - lo):  # nearly every slot of the range is live: a view
             kv = [b[layer][lo:hi, :, :keys] for b in bufs]

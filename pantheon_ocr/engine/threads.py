@@ -23,10 +23,9 @@ import os
 import sys
 import threading
 
-_chosen: int | None = None  # the last set_threads count, for torch when it loads later
+_chosen: int | None = None  # the last set_threads count: the process-wide BLAS count, torch's when it loads later
 _shared = False  # that count is a stage's share of the run's threads (the stages overlap)
 _total = 0  # the run's math threads in all (stage_threads)
-_blas = 0  # the process-wide BLAS / OpenMP count set last
 _local = threading.local()  # .count: the calling thread's own (torch) count, as set_threads set it
 
 
@@ -42,8 +41,8 @@ def set_threads(threads: int) -> None:
     """Every loaded BLAS / OpenMP pool, and torch's if loaded, uses `threads` threads from now on."""
     from threadpoolctl import threadpool_limits
 
-    global _chosen, _blas
-    _chosen = _blas = _local.count = threads
+    global _chosen
+    _chosen = _local.count = threads
     threadpool_limits(limits=threads)  # BLAS and OpenMP pools of every library loaded so far
     torch_threads()
 
@@ -76,7 +75,11 @@ def stage_threads(threads: int | None, overlap: bool) -> int:
     global _shared, _total
     _total = threads or cpu_count()
     _shared = overlap and _total > 1
-    return max(1, _total // 2) if _shared else _total
+    return _half() if _shared else _total
+
+
+def _half() -> int:
+    return max(1, _total // 2)
 
 
 def stage_share(alone: bool) -> None:
@@ -88,6 +91,6 @@ def stage_share(alone: bool) -> None:
     overlap, and cheap when nothing changes."""
     if not _shared:
         return
-    want = _total if alone else max(1, _total // 2)
-    if current() != want or _blas != want:
+    want = _total if alone else _half()
+    if current() != want or _chosen != want:
         set_threads(want)

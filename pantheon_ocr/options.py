@@ -23,11 +23,11 @@ from typing import Any
 from .errors import UsageError
 
 # ------------------------------------------------------------------------------------ choices
-STORAGE_MODES = ("f32", "bf16", "quantized")  # weights: resident float32, resident bfloat16, kept quantized
+STORAGE_MODES = ("f32", "bf16", "int8", "quantized")  # weights: resident float32, bfloat16, int8 rows; kept quantized
 WEIGHT_CHOICES = ("auto",) + STORAGE_MODES  # auto: the engine's plan for this model and CPU (engine/loader.py)
 VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
 VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_DTYPES = ("float32", "float16", "int8")
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # auto: engine/cache.py kv_kind
 ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or the naive reference
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
 FORMATS = ("md", "jsonl", "txt")
@@ -168,7 +168,8 @@ class EngineOptions:
     model: Path  # the text GGUF (modelfiles.resolve.resolve_model gives it)
     mmproj: Path
     weights: str = option("auto", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
-                                   "the memory, fastest on CPUs with bfloat16 units), kept quantized (least memory), "
+                                   "the memory, fastest on CPUs with bfloat16 units), int8 rows (torch: a quarter "
+                                   "of the memory, the fastest single stream), kept quantized (least memory), "
                                    "or auto: bfloat16 for a large model where torch and bfloat16 units are there, "
                                    "else float32.", choices=WEIGHT_CHOICES)
     vision_backend: str = option("auto", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto: "
@@ -179,8 +180,9 @@ class EngineOptions:
     vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "
                                        "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
                                        "else float32.", choices=VISION_DTYPES)
-    kv_dtype: str = option("float32", "KV cache type: float16 halves its memory, int8 (a scale per position and "
-                                      "head) quarters it.", choices=KV_DTYPES)
+    kv_dtype: str = option("auto", "KV cache type: bfloat16 or float16 halves float32's memory, int8 (a scale per "
+                                   "position and head) quarters it; auto: bfloat16 with bfloat16 weights (their "
+                                   "decode attention multiplies bfloat16), else float32.", choices=KV_DTYPES)
     prefill_chunk: int = option(PREFILL_CHUNK, "Prompt tokens prefilled between two decode steps: pages already "
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")

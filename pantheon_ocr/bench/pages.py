@@ -56,14 +56,14 @@ class PageConfig:
     overlap: bool = _default(PipelineOptions, "overlap")
     threads: int | None = _default(EngineOptions, "threads")  # math threads in all (None: every core)
     vision_backend: str = _default(EngineOptions, "vision_backend")
-    kv_dtype: str = _default(EngineOptions, "kv_dtype")  # the KV pool's dtype (float16: half the memory)
+    kv_dtype: str = _default(EngineOptions, "kv_dtype")  # the KV pool's dtype (auto: by the weights)
     prefill_chunk: int = _default(EngineOptions, "prefill_chunk")  # prompt tokens per prefill step
 
     @property
     def name(self) -> str:
         th = "" if self.threads is None else f" t{self.threads}"
         extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != _default(EngineOptions, "vision_backend") else "",
-                         " kv16" if self.kv_dtype == "float16" else "",
+                         f" kv={self.kv_dtype}" if self.kv_dtype != _default(EngineOptions, "kv_dtype") else "",
                          f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
                 f"overlap={'on' if self.overlap else 'off'}{th}{extra}")

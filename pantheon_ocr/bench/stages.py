@@ -220,12 +220,13 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
 
 
 def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32), context: int = 256,
-                 steps: int = 8, layers: int | None = None, seed: int = 0, kv_dtype: str = "float32") -> dict:
+                 steps: int = 8, layers: int | None = None, seed: int = 0, kv_dtype: str = "auto") -> dict:
     """forward_batch alone: B sequences, each with `context` cached positions (random K/V: the
     values do not change the cost) in one `kv_dtype` pool, advanced one token per step. The
     batch sizes take turns step by step (round robin), so that a change in machine load hits
     them all alike; the median step time per B gives tokens/s = B / step."""
     from ..engine.batch import forward_batch
+    from ..engine.cache import kv_kind
     from ..engine.loader import load_model
 
     t0 = time.perf_counter()
@@ -235,7 +236,8 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     dec, cfg = tm.decoder, tm.config
     n_full = cfg.n_layer
     truncated = len(dec.layers) < n_full
-    pool = dec.new_pool(np.dtype(kv_dtype))  # one pool for every batch: the padded decode attention of a real run
+    kv_dtype = kv_kind(kv_dtype, storage)
+    pool = dec.new_pool(kv_dtype)  # one pool for every batch: the padded decode attention of a real run
     rng = np.random.default_rng(seed)
     kv = rng.standard_normal((cfg.n_head_kv, context, cfg.head_dim), dtype=np.float32)
     groups = {}

@@ -143,7 +143,8 @@ def flash_attention(q, k, v, q_pos, k_pos, *, scale: float, causal=True, window=
 
 def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths: np.ndarray, *,
                             scale: float, block: int = DECODE_BLOCK, k_scale: np.ndarray | None = None,
-                            v_scale: np.ndarray | None = None, k_channels: np.ndarray | None = None) -> np.ndarray:
+                            v_scale: np.ndarray | None = None, k_channels: np.ndarray | None = None,
+                            widen: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """One decode step of n sequences at once: q [n, Hq, D] (one query each), k/v [n, Hkv, cap, D]
     (one padded buffer, cap a multiple of `block`), lengths [n] keys each row holds (0: the row
     takes no part; its output is 0) -> [n, Hq, D] float32.
@@ -152,12 +153,14 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
     a stack of per-(sequence, head) products of one fixed shape, scores past a row's length are
     -inf (weight exactly 0), and the per-block sums are added one block after the other, so the
     blocks a longer neighbour adds contribute exact zeros. A sequence decoded alone (n = 1) gets
-    the very same bits. K/V stored in float16 are widened one block at a time; int8 K/V are
+    the very same bits. K/V stored in float16 are widened one block at a time (bfloat16, stored as
+    bits, by `widen`); int8 K/V are
     multiplied by their scales k_scale / v_scale [n, Hkv, cap, 1] a block at a time, and int8 keys
     by their channel scales k_channels [n, Hkv, 1, D]."""
     n, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
+    widen = widen or (lambda a: a.astype(np.float32, copy=False))
     lengths = np.asarray(lengths, dtype=np.int64)
     n_blk = max(1, -(-int(lengths.max()) // block))
     # Scores are kept transposed, [n, Hkv, keys, g]: K_block [blk, D] @ q^T [D, g] is the GEMM
@@ -170,7 +173,7 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
         qt = np.ascontiguousarray(qt * k_channels.swapaxes(-1, -2))  # [n, Hkv, D, g]
     s = np.empty((n, hkv, n_blk * block, g), np.float32)
     for j in range(n_blk):
-        kb = k[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)  # [n, Hkv, blk, D]
+        kb = widen(k[:, :, j * block : (j + 1) * block])  # [n, Hkv, blk, D]
         sb = s[:, :, j * block : (j + 1) * block]
         np.matmul(kb, qt, out=sb)
         if k_scale is not None:
@@ -186,7 +189,7 @@ def padded_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, lengths
     for j in range(n_blk):
         p = s[:, :, j * block : (j + 1) * block]  # [n, Hkv, blk, g]
         total += p.sum(axis=-2, keepdims=True)
-        vb = v[:, :, j * block : (j + 1) * block].astype(np.float32, copy=False)  # [n, Hkv, blk, D]
+        vb = widen(v[:, :, j * block : (j + 1) * block])  # [n, Hkv, blk, D]
         if v_scale is not None:  # p . (V vs) = (p vs) . V: the position scales on the weights
             p = p * v_scale[:, :, j * block : (j + 1) * block]
         acc += p.swapaxes(-1, -2) @ vb

@@ -24,29 +24,43 @@ from typing import Sequence
 import numpy as np
 
 from .attention import DECODE_BLOCK, KV_BLOCK, TowerOptions, padded_decode_attention
+from .ops import from_bf16_bits, to_bf16_bits
 
 FIRST_CAP = 256  # positions a new slot starts with; caps grow by doubling, in whole KV blocks
+# KV storage kinds -> the numpy dtype of the buffers (numpy has no bfloat16: its bits, as uint16)
+KV_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int8": np.int8}
 
 
 def _blocks(n: int) -> int:
     return -(-n // KV_BLOCK) * KV_BLOCK
 
 
+def kv_kind(choice: str, weights: str) -> str:
+    """The KV storage for a `kv_dtype` choice (options.KV_DTYPES) and the decoder's weight storage:
+    auto is bfloat16 with bf16 or int8 weights (the torch decode step multiplies bfloat16 keys: half the
+    bytes of float32 and its fastest kind, docs/benchmarks.md), else float32 (the numpy reference)."""
+    if choice == "auto":
+        return "bfloat16" if weights in ("bf16", "int8") else "float32"
+    return choice
+
+
 class KVPool:
     """The K/V of every live sequence of one decoder: per layer k[layer], v[layer] of shape
     [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
     cap is a whole number of KV blocks. Zeroed memory is only committed once written, so a slot
-    costs memory for the positions it holds. dtype float16 halves the memory (and the bytes each
-    decode step reads); int8 about quarters it: each position's key (value) of each head stored
+    costs memory for the positions it holds. `kind` float16 or bfloat16 halves the memory (and the
+    bytes each decode step reads; bfloat16 is stored as its bits, uint16); int8 about quarters it: each position's key (value) of each head stored
     as int8 times one float32 scale (its largest magnitude / 127) in ks[layer] / vs[layer]
     [slots, Hkv, cap, 1]. Keys have outlier channels (Qwen's reach 12x their median), so a key
     is first divided by its sequence's channel scales kc[layer] [slots, Hkv, 1, D] (each
     channel's largest magnitude in the sequence's first write, its prompt), then quantized.
     Attention widens either to float32 a block at a time."""
 
-    def __init__(self, n_layer: int, n_kv: int, head_dim: int, dtype=np.float32):
-        self.n_kv, self.head_dim, self.dtype = n_kv, head_dim, np.dtype(dtype)
-        self.quantized = self.dtype == np.int8
+    def __init__(self, n_layer: int, n_kv: int, head_dim: int, kind: str = "float32"):
+        if kind not in KV_STORAGE:
+            raise ValueError(f"KV storage must be one of {', '.join(KV_STORAGE)}, not {kind!r}")
+        self.n_kv, self.head_dim, self.kind, self.dtype = n_kv, head_dim, kind, np.dtype(KV_STORAGE[kind])
+        self.quantized = kind == "int8"
         self.k = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
         self.v = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
         scales = (lambda d: [np.zeros((0, n_kv, 0, d), np.float32) for _ in range(n_layer)]) if self.quantized \
@@ -63,6 +77,10 @@ class KVPool:
 
     def store(self, layer: int, slot: int, at, k: np.ndarray, v: np.ndarray) -> None:
         """k/v [Hkv, T, D] float32 into positions `at` (a slice or indices) of the slot."""
+        if self.kind == "bfloat16":
+            self.k[layer][slot][:, at] = to_bf16_bits(k)
+            self.v[layer][slot][:, at] = to_bf16_bits(v)
+            return
         if not self.quantized:
             self.k[layer][slot][:, at] = k
             self.v[layer][slot][:, at] = v
@@ -80,6 +98,8 @@ class KVPool:
     def load(self, layer: int, slot: int, at) -> tuple[np.ndarray, np.ndarray]:
         """The float32 keys/values of positions `at` of the slot: [Hkv, L, D] each."""
         k, v = self.k[layer][slot][:, at], self.v[layer][slot][:, at]
+        if self.kind == "bfloat16":
+            return from_bf16_bits(k), from_bf16_bits(v)
         if self.quantized:
             return k * self.ks[layer][slot][:, at] * self.kc[layer][slot], v * self.vs[layer][slot][:, at]
         return k, v
@@ -237,6 +257,7 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
             kv = [b[layer][slots, :, :keys] for b in bufs]
             rows, qs, lens = np.arange(len(members)), q[members], lengths
         out[members] = padded_decode_attention(qs, kv[0], kv[1], lens, scale=scale, block=DECODE_BLOCK,
+                                               widen=from_bf16_bits if pool.kind == "bfloat16" else None,
                                                k_scale=kv[2] if pool.quantized else None,
                                                v_scale=kv[3] if pool.quantized else None, k_channels=channels)[rows]
     return out

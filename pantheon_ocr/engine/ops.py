@@ -99,3 +99,16 @@ def rope_angles_2d(rows: np.ndarray, cols: np.ndarray, head_dim: int, base: floa
         np.asarray(cols, np.float32)[:, None] * f[None, 1::2],  # [N, d/4] column angles
     ], axis=1)  # [N, d/2]
     return np.cos(ang), np.sin(ang)
+
+
+# -- bfloat16 as bits in numpy (numpy has no bfloat16): the KV pool's "bfloat16" storage -------
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even as torch rounds."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly."""
+    return (np.asarray(b).astype(np.uint32) << np.uint32(16)).view(np.float32)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..options import PREFILL_CHUNK
 from .batch import batch_logits
-from .cache import DecoderState, Rows
+from .cache import DecoderState, Rows, kv_kind
 from .models.lightonocr import LightOnOCR
 from .models.reader import ReadingHints
 from .sampling import RepetitionGuard, Sampler, SamplingOptions
@@ -89,7 +89,7 @@ class OCREngine:
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False,
-                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "float32"):
+                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "auto"):
         self.vlm = vlm
         self.prefill_chunk = prefill_chunk  # prompt tokens per prefill_step; None: the whole prompt
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
@@ -100,7 +100,7 @@ class OCREngine:
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
         self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
-        self.kv_pool = vlm.decoder.new_pool(np.dtype(kv_dtype))  # every sequence's K/V (cache.py)
+        self.kv_pool = vlm.decoder.new_pool(kv_kind(kv_dtype, vlm.decoder.storage))  # every sequence's K/V (cache.py)
         self.prefill_decoder = self.decode_decoder = vlm.decoder
         self.switches = None
         if gpu_prefill or gpu_decode:

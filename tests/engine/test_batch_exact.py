@@ -151,7 +151,7 @@ def test_kv_float16_batch_rows_are_exact():
     model = load_model(LIGHTONOCR_TEXT, weights="f32")
     prompts = _prompts(model.config.n_vocab, 7, seed=5)
     assert_varied(run_exact(model.decoder, prompts, _joins(7, 5), steps=6, no_repeat=True,
-                            pool=model.decoder.new_pool(np.float16)))
+                            pool=model.decoder.new_pool("float16")))
 
 
 def test_long_prompts_grow_the_pool_while_others_decode():

@@ -9,6 +9,9 @@ Storage modes:
   multiplied by torch in bfloat16 (AMX / AVX-512 BF16 where the CPU has them): half the memory
   of f32 and the fastest on such CPUs; needs torch. Activations are rounded to bfloat16 at each
   projection; tests/engine/test_bf16.py states the error against f32.
+- "int8": each row int8 with a bfloat16 scale, quantized at load, multiplied by torch's int8-weight
+  kernel with bfloat16 activations: a quarter of f32's memory and bytes per decode step; needs
+  torch; tests/engine/test_int8_weights.py states the error against f32.
 
 Exact rows (`matmul(x, exact_rows=True)`, the decode path): a BLAS picks its kernel by shape
 (OpenBLAS: GEMV for M = 1, a small-matrix kernel below some size, GEMM above), so row r of
@@ -27,10 +30,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from ...errors import ModelError
+from ...options import STORAGE_MODES
 from .gguf import GGUFFile
 
-Storage = Literal["quantized", "f32", "bf16"]
-STORAGE_MODES = ("quantized", "f32", "bf16")
+Storage = Literal["quantized", "f32", "bf16", "int8"]
+TORCH_STORAGES = ("bf16", "int8")  # multiplied by torch (torch_weights.py)
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
@@ -59,9 +63,13 @@ class Weight:
     def __init__(self, name: str, qtype: Q, shape: tuple[int, int], raw: np.ndarray, storage: Storage):
         self.name, self.qtype, self.shape, self.storage = name, qtype, shape, storage
         if storage == "bf16":  # torch bfloat16 [out, in]; a BF16 tensor is used from the map as is
-            from .bf16 import bf16_view, from_f32
+            from .torch_weights import bf16_view, from_f32
 
             self._data = bf16_view(raw, shape) if qtype == Q.BF16 else from_f32(dequantize(raw, qtype).reshape(shape))
+        elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here
+            from .torch_weights import int8_rows
+
+            self._data = int8_rows(dequantize(raw, qtype).reshape(shape))
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
             self._data = np.ascontiguousarray(dequantize(raw, qtype).reshape(shape))
@@ -71,31 +79,33 @@ class Weight:
 
     @property
     def resident(self) -> bool:
-        """The whole matrix is held ready to multiply (f32 or bf16), nothing decoded per call."""
-        return self.storage == "bf16" or self._data.dtype == np.float32
+        """The whole matrix is held ready to multiply (f32, bf16 or int8), nothing decoded per call."""
+        return self.storage in TORCH_STORAGES or self._data.dtype == np.float32
 
     def matmul(self, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
         """x [M, in] float32 -> x @ W.T [M, out] float32. exact_rows: each row's result does
         not depend on M (the module docstring)."""
-        if exact_rows:
-            if self.storage == "bf16":
-                from .bf16 import rows_exact_for_any_m
+        if self.storage in TORCH_STORAGES:
+            from .torch_weights import matmul
 
-                if rows_exact_for_any_m():  # one call for any batch; a lone row gets a zero partner
-                    if x.shape[0] == 1:
-                        return self._matmul(np.concatenate([x, np.zeros_like(x)]))[:1]
-                    return self._matmul(x)
+            return matmul(self._data, x, exact_rows)
+        if exact_rows:
             return _by_row_blocks(self._matmul_block, x)
         return self._matmul(x)
+
+    def linear(self, x, exact_rows: bool = False):
+        """The torch storages' product on torch float32 rows: x [M, in] -> [M, out] (the torch
+        decode step's projections; matmul is the same for numpy arrays)."""
+        from .torch_weights import linear
+
+        if self.storage not in TORCH_STORAGES:
+            raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
+        return linear(self._data, x, exact_rows)
 
     def _matmul_block(self, xb: np.ndarray) -> np.ndarray:
         """One exact-rows block xb [ROW_BLOCK, in] -> [ROW_BLOCK, out] as W @ xb.T: with the weight
         as the GEMM's left operand OpenBLAS runs these thin products ~1.6x faster than xb @ W.T
         (measured, one thread, 1024 x 3072); each output column still depends on its row only."""
-        if self.storage == "bf16":
-            from .bf16 import matmul_bf16
-
-            return matmul_bf16(xb, self._data)
         if self.resident:
             return (self._data @ xb.T).T
         out = np.empty((self.shape[0], xb.shape[0]), dtype=np.float32)  # [out, rows]
@@ -106,10 +116,6 @@ class Weight:
         return out.T
 
     def _matmul(self, x: np.ndarray) -> np.ndarray:
-        if self.storage == "bf16":
-            from .bf16 import matmul_bf16
-
-            return matmul_bf16(x, self._data)
         if self.resident:
             return x @ self._data.T
         out = np.empty((x.shape[0], self.shape[0]), dtype=np.float32)
@@ -122,8 +128,8 @@ class Weight:
     def rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Rows W[ids] as float32 [len(ids), in] (embedding lookup; only those rows decoded)."""
         ids = np.asarray(ids, dtype=np.int64)
-        if self.storage == "bf16":
-            from .bf16 import rows_f32
+        if self.storage in TORCH_STORAGES:
+            from .torch_weights import rows_f32
 
             return rows_f32(self._data, ids)
         if self.resident:
@@ -132,13 +138,15 @@ class Weight:
 
     def dense(self) -> np.ndarray:
         """The whole matrix as float32 [out, in]."""
-        if self.storage == "bf16":
+        if self.storage in TORCH_STORAGES:
             return self.rows(np.arange(self.shape[0]))
         return self._data if self.resident else dequantize(self._data, self.qtype)
 
     def nbytes(self) -> int:
-        if self.storage == "bf16":
-            return self._data.numel() * 2
+        if self.storage in TORCH_STORAGES:
+            from .torch_weights import nbytes
+
+            return nbytes(self._data)
         return self._data.nbytes
 
     def __repr__(self) -> str:

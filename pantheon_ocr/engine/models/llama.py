@@ -25,7 +25,7 @@ from ..format.gguf import GGUFFile
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
 from ..format import names as N
 from ..format.names import blk
-from ..format.weights import Storage, Weight, WeightLoader
+from ..format.weights import TORCH_STORAGES, Storage, Weight, WeightLoader
 
 __all__ = ["Decoder", "DecoderState", "LlamaLayer"]
 
@@ -58,10 +58,14 @@ class LlamaLayer:
 class Decoder:
     """The weights and the forward pass; holds no sequence state (a page engine owns the KV pool).
     `tower` (benchmarks): the first N layers only, naive attention, flash tile sizes, a per-layer
-    timing hook."""
+    timing hook. With bf16 or int8 weights a decode step (one token per sequence) runs the same block in
+    torch (`torch_decode`, backends/torch_decode.py), where this loop's numpy round trips per
+    projection cost more than the projections."""
+
+    TORCH_DECODE = True  # the block is this class's own (a subclass that fuses projections says False)
 
     def __init__(self, gf: GGUFFile, cfg: DecoderConfig, storage: Storage, tower: TowerOptions = TowerOptions()):
-        if storage == "bf16" and tower.attention == "flash" and tower.causal_chunk is None:
+        if storage in TORCH_STORAGES and tower.attention == "flash" and tower.causal_chunk is None:
             # the projections run in torch already: so does causal prefill attention (1.4x numpy's)
             from ..backends.torch_attention import causal_chunk_attention
             tower = replace(tower, causal_chunk=causal_chunk_attention)
@@ -74,6 +78,10 @@ class Decoder:
         factors = w.optional_tensor(N.ROPE_FREQS, (c.n_rot // 2,))
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
         self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
+        self.torch_decode = None
+        if storage in TORCH_STORAGES and self.TORCH_DECODE and not c.n_expert and not c.sliding_window:
+            from ..backends.torch_decode import TorchDecode
+            self.torch_decode = TorchDecode(self)
 
     # -- loading -----------------------------------------------------------------------------
     def load_layer(self, w: WeightLoader, i: int) -> LlamaLayer:
@@ -117,11 +125,12 @@ class Decoder:
             for j in range(e)
         )
 
-    def new_pool(self, dtype=np.float32) -> KVPool:
-        """A KV pool for this decoder's sequences: K/V stored as `dtype` (float32, or float16: half
-        the memory and bytes read per step). Its owner decodes them together."""
+    def new_pool(self, kind: str = "float32") -> KVPool:
+        """A KV pool for this decoder's sequences: K/V stored as `kind` (cache.KV_STORAGE: float32,
+        float16 or bfloat16 for half the memory and bytes read per step, int8 for a quarter). Its
+        owner decodes them together."""
         c = self.cfg
-        return KVPool(len(self.layers), c.n_head_kv, c.head_dim, dtype)
+        return KVPool(len(self.layers), c.n_head_kv, c.head_dim, kind)
 
     def new_state(self, max_seq: int | None = None, pool: KVPool | None = None) -> DecoderState:
         """A new sequence whose KV cache is a slot of `pool` (a pool of its own if None), held
@@ -135,7 +144,8 @@ class Decoder:
         """The same decoder over other weights of the same shapes (the GPU switches' device
         copies): one forward pass, whichever weights it multiplies."""
         twin = copy.copy(self)
-        twin.__dict__.update(layers=list(layers), output=self.output if output is None else output)
+        # its own weights: the torch decode step holds this decoder's, so the twin runs the numpy loop
+        twin.__dict__.update(layers=list(layers), output=self.output if output is None else output, torch_decode=None)
         return twin
 
     # -- forward -----------------------------------------------------------------------------
@@ -161,6 +171,10 @@ class Decoder:
 
     def run(self, rows: Rows, x: np.ndarray, tokens) -> np.ndarray:
         """x [N, n_embd] through every layer at rows.positions, then the sequences move on."""
+        if rows.decode and self.torch_decode is not None:
+            x = self.torch_decode.run(rows, x)  # these layers' blocks in torch
+            rows.advance(tokens)
+            return x
         cos, sin = rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs)  # [N, n_rot/2]
         hook = self.tower.on_layer
         for i, layer in enumerate(self.layers):

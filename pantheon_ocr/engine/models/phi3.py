@@ -33,6 +33,8 @@ class Phi3Layer:
 
 
 class Phi3Decoder(Decoder):
+    TORCH_DECODE = False  # fused projections: its decode steps take the numpy loop
+
     def load_layer(self, w: WeightLoader, i: int) -> Phi3Layer:
         c = self.cfg
         qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim

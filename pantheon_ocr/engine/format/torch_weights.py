@@ -1,0 +1,129 @@
+"""Weights that torch multiplies on the CPU: storages "bf16" and "int8" (see weights.py).
+
+torch reaches the CPU's bfloat16 units (AMX tiles, AVX-512 BF16) through oneDNN; numpy has no
+bfloat16 at all. Either storage takes bfloat16 activations: each product rounds its input rows to
+bfloat16, multiplies with float32 accumulation and rounds its output to bfloat16.
+
+- bf16: the matrix as bfloat16 [out, in] (a BF16 tensor is a view of the file's pages), torch's
+  `linear`.
+- int8: each row as int8 with one bfloat16 scale (its largest magnitude / 127), quantized at load
+  from whatever the file holds; torch's int8-weight kernel (aten._weight_int8pack_mm) widens the
+  weights as it multiplies, so a decode step reads one byte per weight instead of two.
+
+`linear` is the one product of both, for the numpy loop (through `Weight.matmul`) and the torch
+decode step (backends/torch_decode.py). Imported only when a model is loaded with such weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..backends.common import require_torch
+
+torch = require_torch()
+F = torch.nn.functional
+ROW_BLOCK = 16  # weights.ROW_BLOCK (not imported: weights.py imports this module)
+
+
+def bf16_view(raw: np.ndarray, shape: tuple[int, int]):
+    """A BF16 tensor's bytes as a torch bfloat16 tensor [out, in]: a view of the memory map (no
+    copy; the file's pages are the weights)."""
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    with warnings.catch_warnings():
+        # Read-only map: torch warns that it cannot make the tensor read-only; we never write it.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(flat, dtype=torch.bfloat16).reshape(shape)
+
+
+def from_f32(dense: np.ndarray):
+    """float32 [out, in] -> a torch bfloat16 copy (round to nearest even)."""
+    return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).to(torch.bfloat16)
+
+
+def int8_rows(dense: np.ndarray):
+    """float32 [out, in] -> (int8 [out, in], bfloat16 scales [out]): row r is q[r] * scale[r],
+    scale = its largest magnitude / 127 (a zero row gets scale 1)."""
+    w = torch.from_numpy(np.array(dense, dtype=np.float32))  # a copy: an F32 tensor is the read-only map
+    scale = (w.abs().amax(dim=1) / 127).to(torch.bfloat16)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def product(data, m: int = 1):
+    """The bfloat16 product x [m, in] -> x @ W.T [m, out] of a bf16 matrix or an int8 (q, scale)
+    pair. int8 at more than ROW_BLOCK rows (a prompt; never a decode step, whose rows must not
+    depend on M) widens the matrix to bfloat16 (exact: |q| <= 127) for oneDNN's GEMM: the int8
+    kernel is 2.3x faster than bf16 at 1-2 rows but 2.7x slower at 512 (measured, LightOnOCR-1B
+    layer shapes, 2 threads: 0.52 vs 1.21 ms per layer at one row, 51 vs 19 ms at 512)."""
+    if not isinstance(data, tuple):
+        return lambda xb: F.linear(xb, data)
+    q, scale = data
+    if m > ROW_BLOCK:
+        return lambda xb: (F.linear(xb, q.to(torch.bfloat16)).float() * scale.float()).to(torch.bfloat16)
+    return lambda xb: torch.ops.aten._weight_int8pack_mm(xb, q, scale)
+
+
+def linear(data, x, exact_rows: bool = False):
+    """x [M, in] torch float32 @ W.T -> [M, out] torch float32, through bfloat16. exact_rows: each
+    row's bits independent of M: one call for any M >= 2 where the kernel keeps rows apart (a lone
+    row gets a zero partner: oneDNN picks another kernel at M = 1), else blocks of ROW_BLOCK rows."""
+    xb = x.to(torch.bfloat16)
+    m = xb.shape[0]
+    op = product(data, 1 if exact_rows else m)
+    if not exact_rows:
+        y = op(xb)
+    elif rows_exact_for_any_m("int8" if isinstance(data, tuple) else "bf16"):
+        y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if m == 1 else op(xb)
+    else:
+        pad = -(-m // ROW_BLOCK) * ROW_BLOCK - m
+        xp = torch.cat([xb, xb.new_zeros(pad, xb.shape[1])]) if pad else xb
+        y = torch.cat([op(block) for block in xp.split(ROW_BLOCK)])[:m]
+    return y.float()
+
+
+def matmul(data, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
+    """`linear` for numpy: x [M, in] float32 -> [M, out] float32."""
+    with torch.inference_mode():
+        return linear(data, torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), exact_rows).numpy()
+
+
+_ROWS_EXACT: dict[str, bool] = {}
+
+
+def rows_exact_for_any_m(storage: str) -> bool:
+    """Whether a storage's product gives a row the same bits for every number of rows M >= 2 on
+    this machine (measured once per process on random matrices of a few shapes, both the GEMV-like
+    and the GEMM-like ones). oneDNN on AVX-512 BF16 does for bf16 (measured for M = 2..300 and 1-2
+    threads, shapes of SmolLM2, Qwen and LightOnOCR) but picks another kernel at M = 1 for some
+    shapes: so a decode step pads one row to two and runs any batch in one call, instead of blocks
+    of 16 rows, which costs a single stream up to 3x per projection."""
+    if storage not in _ROWS_EXACT:
+        gen = torch.Generator().manual_seed(0)
+        ok = True
+        with torch.inference_mode():
+            for out, inp in ((192, 576), (1024, 3072), (3072, 1024)):
+                w = torch.randn(out, inp, generator=gen)
+                op = product(int8_rows(w.numpy()) if storage == "int8" else w.to(torch.bfloat16))
+                x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
+                ref = op(x[:2])
+                ok &= all(torch.equal(op(x[:m])[:2], ref) for m in (3, 5, 16, 17, 33, 40))
+        _ROWS_EXACT[storage] = bool(ok)
+    return _ROWS_EXACT[storage]
+
+
+def rows_f32(data, ids: np.ndarray) -> np.ndarray:
+    """Rows W[ids] as float32 numpy [len(ids), in]."""
+    with torch.inference_mode():
+        idx = torch.from_numpy(ids)
+        if isinstance(data, tuple):
+            q, scale = data
+            return (q[idx].float() * scale[idx].float()[:, None]).numpy()
+        return data[idx].float().numpy()
+
+
+def nbytes(data) -> int:
+    parts = data if isinstance(data, tuple) else (data,)
+    return sum(t.numel() * t.element_size() for t in parts)

@@ -16,6 +16,7 @@ from ...errors import OptionError
 GPU_EXTRA = "pip install 'pantheon-ocr[gpu]'"
 FAST_EXTRA = "pip install 'pantheon-ocr[fast]'"  # torch for the CPU: bfloat16 weights, the torch vision backend
 COREML_EXTRA = "pip install 'pantheon-ocr[coreml]'"
+TORCH_SPIN = 10_000  # rounds torch's OpenMP workers spin before they sleep (require_torch)
 
 
 class BackendUnavailable(OptionError):
@@ -32,14 +33,18 @@ def has_module(name: str) -> bool:
 def require_torch():
     """torch, or BackendUnavailable saying to install the gpu extra.
 
-    Before torch's first import this sets OMP_WAIT_POLICY=PASSIVE unless the user set it: torch's
-    OpenMP workers otherwise spin after every op and steal the cores that numpy's BLAS needs in the
-    other pipeline stage (measured here: --gpu-decode on device cpu 30x slower at B=4, the numpy
-    CPU stage 7x slower after torch vision calls)."""
+    Before torch's first import this sets OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 unless
+    the user set them: with libgomp's default spin (300,000 rounds, about a millisecond) torch's
+    OpenMP workers steal the cores that numpy's BLAS needs in the other pipeline stage (measured
+    here: --gpu-decode on device cpu 30x slower at B=4, the numpy CPU stage 7x slower after torch
+    vision calls); with no spin at all every small op of a decode step pays the workers' wake-up
+    (SmolLM2 bf16 decode at B = 1: 25 tok/s passive, 47 with 10,000 rounds; docs/benchmarks.md).
+    libgomp cuts the spin to 1,000 rounds by itself when its threads outnumber the cores."""
     if not has_module("torch"):
         raise BackendUnavailable(None, f"this needs torch, which is not installed: {GPU_EXTRA}")
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        os.environ.setdefault("GOMP_SPINCOUNT", str(TORCH_SPIN))
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken install is still one line

@@ -67,11 +67,12 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> n
     """Rotate the first 2*cos.shape[-1] dims of x [T, H, D] by per-position angles [T, R].
 
     neox: pairs (i, i + R) (split halves, HF rotate_half); else adjacent pairs (2i, 2i+1), which
-    is what llama.cpp's converter leaves for llama-arch and vision Q/K (rows permuted).
+    is what llama.cpp's converter leaves for llama-arch and vision Q/K (rows permuted). The same
+    code rotates torch tensors (the torch decode step), which copy by clone().
     """
     r = cos.shape[-1]
     c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, R]
-    out = x.copy()
+    out = x.copy() if isinstance(x, np.ndarray) else x.clone()
     if neox:
         x0, x1 = x[..., :r], x[..., r : 2 * r]
         out[..., :r] = x0 * c - x1 * s

@@ -14,7 +14,8 @@ from pantheon_ocr.engine.format.torch_weights import int8_rows, rows_exact_for_a
 
 from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa: E402
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
-from .test_torch_decode import _greedy, rel_err  # noqa: E402
+from .test_kv_int8 import greedy  # noqa: E402
+from .test_torch_decode import rel_err  # noqa: E402
 from .tiny_models import write_tiny  # noqa: E402
 
 
@@ -65,8 +66,8 @@ def test_int8_weights_greedy_stream_equals_float32(which, record_property):
     path = smollm2_or_skip() if which == "smollm2" else qwen05b_or_skip()
     f32, int8 = load_model(path, weights="f32"), load_model(path, weights="int8")
     prompt = f32.tokenizer.encode("The quick brown fox jumps over the lazy dog. Once upon a time")
-    ref_toks, ref = _greedy(f32.decoder, prompt, "float32")
-    toks, got = _greedy(int8.decoder, prompt, "bfloat16")
+    ref_toks, ref = greedy(f32.decoder, prompt, "float32")
+    toks, got = greedy(int8.decoder, prompt, "bfloat16")
     err = rel_err(got, ref)
     record_property("int8_rel_err", err)
     print(f"{which}: int8 weights, bfloat16 KV: max relative logits error vs f32 {err:.2e}")

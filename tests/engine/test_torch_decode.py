@@ -15,6 +15,7 @@ from pantheon_ocr.engine.ops import from_bf16_bits, to_bf16_bits  # noqa: E402
 
 from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa: E402
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
+from .test_kv_int8 import greedy  # noqa: E402
 from .tiny_models import write_tiny  # noqa: E402
 
 
@@ -78,17 +79,6 @@ def test_torch_decode_is_the_numpy_loop_up_to_rounding(kind):
     assert rel_err(rows["torch"], rows["numpy"]) <= (1e-4 if kind == "float32" else 2e-2)
 
 
-def _greedy(decoder, prompt, kind, n=24):
-    st = decoder.new_state(len(prompt) + n + 1, decoder.new_pool(kind))
-    logits, toks, rows = decoder.forward(st, prompt)[-1], [], []
-    for _ in range(n):
-        toks.append(int(np.argmax(logits)))
-        rows.append(logits)
-        logits = decoder.forward(st, [toks[-1]])[-1]
-    st.release()
-    return toks, np.array(rows)
-
-
 # Measured (max |logit error| / max |logit| over 24 greedy steps against float32 weights and keys):
 # SmolLM2-135M 1.3e-2 with float32 keys, 0.9e-2 bfloat16, 1.5e-2 int8; Qwen2.5-0.5B 0.6e-2 float32.
 # The streams are equal, except that Qwen's with bfloat16 keys takes the second token at step 21,
@@ -101,8 +91,8 @@ def test_torch_decode_greedy_stream_equals_float32(which, kind, record_property)
     f32, bf16 = load_model(path, weights="f32"), load_model(path, weights="bf16")
     assert bf16.decoder.torch_decode is not None
     prompt = f32.tokenizer.encode("The quick brown fox jumps over the lazy dog. Once upon a time")
-    ref_toks, ref = _greedy(f32.decoder, prompt, "float32")
-    toks, got = _greedy(bf16.decoder, prompt, kind)
+    ref_toks, ref = greedy(f32.decoder, prompt, "float32")
+    toks, got = greedy(bf16.decoder, prompt, kind)
     same = next((i for i, (a, b) in enumerate(zip(toks, ref_toks)) if a != b), len(toks))
     if same < len(toks):  # a divergence only where float32's choice is a tie at bfloat16 resolution
         top2 = np.sort(ref[same])[-2:]

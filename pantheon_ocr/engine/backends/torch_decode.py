@@ -23,12 +23,14 @@ scores and weights (as attention.padded_decode_attention does).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from time import perf_counter as _now
 
 import numpy as np
 
 from ..cache import KVPool, Rows
 from ..format.weights import Weight
-from ..ops import rope_angles
+from ..memory import TRIM_EVERY, release_free_memory
+from ..ops import apply_rope, rope_angles
 from .common import require_torch
 
 torch = require_torch()
@@ -68,6 +70,7 @@ class TorchDecode:
         self.cfg, self.freqs, self.tower = decoder.cfg, decoder.freqs, decoder.tower
         self.layers = [_Layer(**{name: (getattr(layer, name) if name in _MATRICES else _vec(getattr(layer, name)))
                                  for name in _Layer.__dataclass_fields__}) for layer in decoder.layers]
+        self.steps = 0
 
     def run(self, rows: Rows, x: np.ndarray) -> np.ndarray:
         """x [B, n_embd] float32, one row per sequence (rows.decode) through every layer; stores each
@@ -82,7 +85,10 @@ class TorchDecode:
                 h = h + self.ffn(layer, self.norm(h, layer.ffn_norm))
                 if hook:
                     hook(i, _now() - t0)
-            return h.numpy()
+        self.steps += 1
+        if self.steps % TRIM_EVERY == 0:
+            release_free_memory()  # the step's freed tensors, back to the system (memory.py)
+        return h.numpy()
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """ops.rmsnorm in torch: x / sqrt(mean(x^2) + eps) * weight over the last axis."""
@@ -101,7 +107,7 @@ class TorchDecode:
         if c.qk_norm:
             q = self.norm(q, layer.attn_q_norm)
             k = self.norm(k, layer.attn_k_norm)
-        q, k = _rope(q, cos, sin, c.rope_neox), _rope(k, cos, sin, c.rope_neox)
+        q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
         kn, vn = k.numpy(), v.contiguous().numpy()
         out = torch.empty(b, c.n_head, c.head_dim)  # [B, Hq, D]
         for r, s in enumerate(rows.states):  # the cache write of the numpy path, then its attention alone
@@ -115,22 +121,6 @@ class TorchDecode:
 
 
 _MATRICES = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
-    """ops.apply_rope in torch: x [B, H, D] rotated by per-row angles [B, R]."""
-    r = cos.shape[-1]
-    c, s = cos[:, None, :], sin[:, None, :]  # [B, 1, R]
-    out = x.clone()
-    if neox:
-        x0, x1 = x[..., :r], x[..., r : 2 * r]
-        out[..., :r] = x0 * c - x1 * s
-        out[..., r : 2 * r] = x0 * s + x1 * c
-    else:
-        x0, x1 = x[..., 0 : 2 * r : 2], x[..., 1 : 2 * r : 2]
-        out[..., 0 : 2 * r : 2] = x0 * c - x1 * s
-        out[..., 1 : 2 * r : 2] = x0 * s + x1 * c
-    return out
 
 
 def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Tensor, *, scale: float) -> torch.Tensor:
@@ -158,9 +148,3 @@ def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Ten
         p = p * torch.from_numpy(pool.vs[layer][slot, :, :n])
     out = torch.matmul(p.transpose(1, 2).to(v.dtype), v)  # [Hkv, g, D]
     return out.float().reshape(hq, d)
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()

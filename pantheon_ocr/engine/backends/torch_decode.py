@@ -2,13 +2,13 @@
 
 The same block as models/llama.py (`Decoder.block`) for one new token per sequence: norms, q/k/v,
 q/k norms, RoPE, attention over the sequence's cached keys, output projection and SwiGLU, with the
-activations torch float32 tensors from the embedding to the last layer. The numpy path converted
+activations torch float32 tensors from the embedding to the last layer. The numpy loop converted
 every projection's input and output between numpy and torch and ran attention as ~50 blocked
-numpy products per (layer, sequence); this one measured 4.8 -> ~2.7 ms per layer of a
-LightOnOCR-1B decode step at 3,322 cached positions (docs/benchmarks.md). The numpy float32 path
-stays the reference.
+numpy products per (layer, sequence); this step measured 2x its speed at B = 1 and 3x at B = 16
+for a LightOnOCR-1B decoder at 3,322 cached positions (docs/benchmarks.md). The numpy float32
+path stays the reference.
 
-Exact whatever the batch (tests/engine/test_batch_exact.py): projections are exact-rows
+Exact whatever the batch (tests/engine/test_torch_decode.py): projections are exact-rows
 (`Weight.linear`, format/torch_weights.py: one call for any M, or blocks of 16 rows), norms, RoPE and
 SwiGLU act on each row alone, and attention runs per sequence over exactly its own positions of
 its pool slot (no padding, no neighbour), so a row's bits depend on its own sequence only.

@@ -53,11 +53,12 @@ def test_bf16_weights_batch_rows_are_exact():
     assert_varied(run_exact(model.decoder, prompts, _joins(7, 11), steps=6, no_repeat=True))
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])
-def test_bf16_weights_tiny_archs_batch_rows_are_exact(tmp_path, arch):
+@pytest.mark.parametrize("dtype,weights", [("BF16", "bf16"), ("F32", "int8")])  # int8: test_int8_weights.py
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
+def test_bf16_weights_tiny_archs_batch_rows_are_exact(tmp_path, arch, dtype, weights):
     path = tmp_path / f"{arch}.gguf"
-    write_tiny(path, arch, dtype="BF16")
-    model = load_model(path, weights="bf16")
+    write_tiny(path, arch, dtype=dtype)
+    model = load_model(path, weights=weights)
     for b in (1, 3, 17):
         run_exact(model.decoder, _prompts(model.config.n_vocab, b, seed=b), _joins(b, b), steps=4)
 

@@ -16,7 +16,6 @@ from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa:
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
 from .test_kv_int8 import greedy  # noqa: E402
 from .test_torch_decode import rel_err  # noqa: E402
-from .tiny_models import write_tiny  # noqa: E402
 
 
 def test_int8_rows_quantize_each_row_to_its_own_scale():
@@ -39,15 +38,6 @@ def test_int8_weights_batch_rows_are_exact():
     for kind in ("bfloat16", "int8"):
         assert_varied(run_exact(model.decoder, prompts, _joins(9, 17), steps=5, no_repeat=True,
                                 pool=model.decoder.new_pool(kind)))
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3"])
-def test_int8_weights_tiny_archs_batch_rows_are_exact(tmp_path, arch):
-    path = tmp_path / f"{arch}.gguf"
-    write_tiny(path, arch, dtype="F32")
-    model = load_model(path, weights="int8")
-    for b in (1, 3, 17):
-        run_exact(model.decoder, _prompts(model.config.n_vocab, b, seed=b), _joins(b, b), steps=4)
 
 
 def test_int8_weights_are_a_quarter_of_f32():

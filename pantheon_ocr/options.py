@@ -24,6 +24,7 @@ from .errors import UsageError
 
 # ------------------------------------------------------------------------------------ choices
 STORAGE_MODES = ("f32", "bf16", "int8", "quantized")  # weights: resident float32, bfloat16, int8 rows; kept quantized
+TORCH_STORAGES = ("bf16", "int8")  # the storages torch multiplies (engine/format/torch_weights.py)
 WEIGHT_CHOICES = ("auto",) + STORAGE_MODES  # auto: the engine's plan for this model and CPU (engine/loader.py)
 VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
 VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -181,8 +182,8 @@ class EngineOptions:
                                        "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
                                        "else float32.", choices=VISION_DTYPES)
     kv_dtype: str = option("auto", "KV cache type: bfloat16 or float16 halves float32's memory, int8 (a scale per "
-                                   "position and head) quarters it; auto: bfloat16 with bfloat16 weights (their "
-                                   "decode attention multiplies bfloat16), else float32.", choices=KV_DTYPES)
+                                   "position and head) quarters it; auto: bfloat16 with bf16 or int8 weights "
+                                   "(their decode attention multiplies bfloat16), else float32.", choices=KV_DTYPES)
     prefill_chunk: int = option(PREFILL_CHUNK, "Prompt tokens prefilled between two decode steps: pages already "
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")

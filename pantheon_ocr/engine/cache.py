@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..options import TORCH_STORAGES
 from .attention import DECODE_BLOCK, KV_BLOCK, TowerOptions, padded_decode_attention
 from .ops import from_bf16_bits, to_bf16_bits
 
@@ -40,7 +41,7 @@ def kv_kind(choice: str, weights: str) -> str:
     auto is bfloat16 with bf16 or int8 weights (the torch decode step multiplies bfloat16 keys: half the
     bytes of float32 and its fastest kind, docs/benchmarks.md), else float32 (the numpy reference)."""
     if choice == "auto":
-        return "bfloat16" if weights in ("bf16", "int8") else "float32"
+        return "bfloat16" if weights in TORCH_STORAGES else "float32"
     return choice
 
 

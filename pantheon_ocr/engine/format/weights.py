@@ -30,11 +30,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from ...errors import ModelError
-from ...options import STORAGE_MODES
+from ...options import STORAGE_MODES, TORCH_STORAGES
 from .gguf import GGUFFile
 
 Storage = Literal["quantized", "f32", "bf16", "int8"]
-TORCH_STORAGES = ("bf16", "int8")  # multiplied by torch (torch_weights.py)
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )

@@ -25,7 +25,8 @@ from ..format.gguf import GGUFFile
 from ..ops import add_bias, apply_rope, rmsnorm, rope_angles, rope_freqs, softmax, swiglu
 from ..format import names as N
 from ..format.names import blk
-from ..format.weights import TORCH_STORAGES, Storage, Weight, WeightLoader
+from ...options import TORCH_STORAGES
+from ..format.weights import Storage, Weight, WeightLoader
 
 __all__ = ["Decoder", "DecoderState", "LlamaLayer"]
 

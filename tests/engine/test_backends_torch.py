@@ -125,3 +125,36 @@ def test_ocr_engine_with_torch_vision_gives_the_same_tokens():
     sampling = SamplingOptions(max_tokens=8)
     runs = [OCREngine(vlm(), be).run_page(image, sampling).generated for be in (None, backend())]
     assert runs[0] == runs[1] and len(runs[0]) == 8
+
+
+def _attention_inputs(dtype, b=2, h=3, n=600, d=16):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, generator=g) for _ in range(3))
+    mask = torch.zeros(b, 1, 1, n)
+    mask[1, ..., 450:] = -30000.0  # the second image's last keys are padding
+    return tuple(t.to(dtype) for t in (q * 2, k, v, mask))
+
+
+def test_query_block_attention_equals_sdpa():
+    """The CPU bfloat16 kernel (torch_pixtral.query_block_attention) computes SDPA: in float32 over
+    several query blocks (one partial), two images, a key mask, to float32 rounding."""
+    from pantheon_ocr.engine.backends.torch_pixtral import QUERY_BLOCK, query_block_attention
+
+    q, k, v, mask = _attention_inputs(torch.float32)
+    assert q.shape[2] > 2 * QUERY_BLOCK and q.shape[2] % QUERY_BLOCK
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = query_block_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)  # measured 2.4e-6
+    assert not torch.allclose(query_block_attention(q, k, v), want, atol=1e-3)  # the mask is applied
+    # in bfloat16 (scores rounded to bfloat16): within 3x of SDPA-bfloat16's own error
+    qb, kb, vb, mb = _attention_inputs(torch.bfloat16)
+    err = (query_block_attention(qb, kb, vb, attn_mask=mb).float() - want).abs().max()
+    sdpa_err = (torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mb).float() - want).abs().max()
+    assert err <= 3 * sdpa_err, (float(err), float(sdpa_err))
+
+
+def test_bfloat16_cpu_backend_attends_by_query_blocks():
+    from pantheon_ocr.engine.backends.torch_pixtral import query_block_attention
+
+    assert all(block.attend is query_block_attention for block in backend("bfloat16").module.layers)
+    assert all(block.attend is torch.nn.functional.scaled_dot_product_attention for block in backend().module.layers)

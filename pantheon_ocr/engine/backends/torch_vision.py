@@ -9,7 +9,8 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
   slices; attention scores are unchanged because Q and K get the same permutation;
 - the RoPE tables are the numpy engine's (ops.rope_angles_2d), cached per grid;
 - attention is torch's scaled_dot_product_attention (not causal), with an optional key mask for
-  padded bucket grids (see buckets.py).
+  padded bucket grids (see buckets.py); in bfloat16 on the CPU, query_block_attention (the same
+  maths as plain bfloat16 products, 2.4x faster there).
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
@@ -27,7 +28,7 @@ from torch import nn
 from ..format.writer import unpermute_qk
 from ..ops import rope_angles_2d
 from .common import check_pixels
-from .torch_pixtral import PixtralVision, Projector
+from .torch_pixtral import PixtralVision, Projector, query_block_attention
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MASK_NEG = -30000.0  # additive attention bias for masked keys: exp() underflows to 0, fits float16
@@ -141,6 +142,8 @@ class TorchVisionBackend:
         self.vlm, self.device, self.dtype = vlm, device, dtype
         self.reason = "chosen"
         self.module = LightOnOCRVision(vlm.vision, vlm.projector, TORCH_DTYPES[dtype]).to(device).eval()
+        if device == "cpu" and dtype == "bfloat16":
+            self.module.use_attention(query_block_attention)
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

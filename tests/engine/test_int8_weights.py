@@ -15,7 +15,7 @@ from pantheon_ocr.engine.format.torch_weights import int8_rows, rows_exact_for_a
 from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa: E402
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
 from .test_kv_int8 import greedy  # noqa: E402
-from .test_torch_decode import rel_err  # noqa: E402
+from .test_torch_blocks import rel_err  # noqa: E402
 
 
 def test_int8_rows_quantize_each_row_to_its_own_scale():
@@ -32,7 +32,7 @@ def test_int8_rows_quantize_each_row_to_its_own_scale():
 
 def test_int8_weights_batch_rows_are_exact():
     model = load_model(LIGHTONOCR_TEXT, weights="int8")
-    assert model.decoder.torch_decode is not None
+    assert model.decoder.torch_blocks is not None
     rows_exact_for_any_m("int8")  # either way (one call or row blocks) the rows must be exact
     prompts = _prompts(model.config.n_vocab, 9, seed=17)
     for kind in ("bfloat16", "int8"):

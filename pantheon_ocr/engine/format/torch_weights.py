@@ -11,7 +11,7 @@ bfloat16, multiplies with float32 accumulation and rounds its output to bfloat16
   weights as it multiplies, so a decode step reads one byte per weight instead of two.
 
 `linear` is the one product of both, for the numpy loop (through `Weight.matmul`) and the torch
-decode step (backends/torch_decode.py). Imported only when a model is loaded with such weights.
+decode step (backends/torch_blocks.py). Imported only when a model is loaded with such weights.
 """
 
 from __future__ import annotations

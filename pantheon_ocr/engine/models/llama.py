@@ -59,11 +59,11 @@ class LlamaLayer:
 class Decoder:
     """The weights and the forward pass; holds no sequence state (a page engine owns the KV pool).
     `tower` (benchmarks): the first N layers only, naive attention, flash tile sizes, a per-layer
-    timing hook. With bf16 or int8 weights a decode step (one token per sequence) runs the same block in
-    torch (`torch_decode`, backends/torch_decode.py), where this loop's numpy round trips per
+    timing hook. With bf16 or int8 weights decode steps and prompts run the same block in torch
+    (`torch_blocks`, backends/torch_blocks.py), where this loop's numpy round trips per
     projection cost more than the projections."""
 
-    TORCH_DECODE = True  # the block is this class's own (a subclass that fuses projections says False)
+    TORCH_BLOCKS = True  # the block is this class's own (a subclass that fuses projections says False)
 
     def __init__(self, gf: GGUFFile, cfg: DecoderConfig, storage: Storage, tower: TowerOptions = TowerOptions()):
         if storage in TORCH_STORAGES and tower.attention == "flash" and tower.causal_chunk is None:
@@ -79,10 +79,10 @@ class Decoder:
         factors = w.optional_tensor(N.ROPE_FREQS, (c.n_rot // 2,))
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
         self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
-        self.torch_decode = None
-        if storage in TORCH_STORAGES and self.TORCH_DECODE and not c.n_expert and not c.sliding_window:
-            from ..backends.torch_decode import TorchDecode
-            self.torch_decode = TorchDecode(self)
+        self.torch_blocks = None
+        if storage in TORCH_STORAGES and self.TORCH_BLOCKS and not c.n_expert and not c.sliding_window:
+            from ..backends.torch_blocks import TorchBlocks
+            self.torch_blocks = TorchBlocks(self)
 
     # -- loading -----------------------------------------------------------------------------
     def load_layer(self, w: WeightLoader, i: int) -> LlamaLayer:
@@ -146,7 +146,7 @@ class Decoder:
         copies): one forward pass, whichever weights it multiplies."""
         twin = copy.copy(self)
         # its own weights: the torch decode step holds this decoder's, so the twin runs the numpy loop
-        twin.__dict__.update(layers=list(layers), output=self.output if output is None else output, torch_decode=None)
+        twin.__dict__.update(layers=list(layers), output=self.output if output is None else output, torch_blocks=None)
         return twin
 
     # -- forward -----------------------------------------------------------------------------
@@ -172,8 +172,8 @@ class Decoder:
 
     def run(self, rows: Rows, x: np.ndarray, tokens) -> np.ndarray:
         """x [N, n_embd] through every layer at rows.positions, then the sequences move on."""
-        if rows.decode and self.torch_decode is not None:
-            x = self.torch_decode.run(rows, x)  # these layers' blocks in torch
+        if self.torch_blocks is not None and (rows.decode or self.torch_blocks.prefills):
+            x = self.torch_blocks.run(rows, x)  # these layers' blocks in torch
             rows.advance(tokens)
             return x
         cos, sin = rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs)  # [N, n_rot/2]

@@ -33,7 +33,7 @@ class Phi3Layer:
 
 
 class Phi3Decoder(Decoder):
-    TORCH_DECODE = False  # fused projections: its decode steps take the numpy loop
+    TORCH_BLOCKS = False  # fused projections: its decode steps take the numpy loop
 
     def load_layer(self, w: WeightLoader, i: int) -> Phi3Layer:
         c = self.cfg

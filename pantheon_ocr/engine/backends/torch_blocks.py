@@ -1,0 +1,204 @@
+"""The layer chain of a decoder whose weights torch multiplies (bf16, int8), in torch: decode steps and prompts.
+
+The same block as models/llama.py (`Decoder.block`): norms, q/k/v, q/k norms, RoPE, attention over
+the sequence's cached keys, output projection and SwiGLU, with the activations torch float32
+tensors from the embedding to the last layer. The numpy loop converted every projection's input
+and output between numpy and torch and ran attention as ~50 blocked numpy products per (layer,
+sequence), with its element-wise passes on one core; in torch a decode step measured 2x its speed
+at B = 1 and 3x at B = 16 for a LightOnOCR-1B decoder at 3,322 cached positions, and a page's
+prompt (docs/benchmarks.md) ... The numpy float32 path stays the reference.
+
+Decode steps are exact whatever the batch (tests/engine/test_torch_blocks.py): projections are
+exact-rows (`Weight.linear`, format/torch_weights.py: one call for any M, or blocks of 16 rows),
+norms, RoPE and SwiGLU act on each row alone, and attention runs per sequence over exactly its own
+positions of its pool slot (no padding, no neighbour), so a row's bits depend on its own sequence only.
+
+Prompts (chunks of T rows per sequence) take plain bf16 GEMMs and, over a bfloat16 pool, causal
+attention by blocks of queries as bfloat16 products (`causal_block_attention`); over other pools
+the numpy cache's own chunk attention (KVCache.attend_chunk, torch's fused kernel in float32).
+
+K/V stay in the engine's numpy pool (cache.KVPool, written through `KVCache.write` as on the numpy
+path); attention reads them as torch views of the slot: float32 as is, bfloat16 (stored as its
+bits) as bfloat16 products with float32 accumulation, float16 widened to float32, int8 widened to
+bfloat16 (exact: |q| <= 127) with its channel scales on the query and its position scales on the
+scores and weights (as attention.padded_decode_attention does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter as _now
+
+import numpy as np
+
+from ..cache import KVPool, Rows
+from ..cancel import check as check_cancelled
+from ..format.weights import Weight
+from ..memory import TRIM_EVERY, release_free_memory
+from ..ops import apply_rope, rope_angles
+from .common import require_torch
+
+torch = require_torch()
+F = torch.nn.functional
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One block's tensors: the decoder's own Weights (multiplied by `Weight.linear`) and its
+    vectors as torch float32 copies; names as in LlamaLayer."""
+
+    attn_norm: torch.Tensor
+    attn_q: Weight
+    attn_k: Weight
+    attn_v: Weight
+    attn_output: Weight
+    attn_q_bias: torch.Tensor | None
+    attn_k_bias: torch.Tensor | None
+    attn_v_bias: torch.Tensor | None
+    attn_output_bias: torch.Tensor | None
+    attn_q_norm: torch.Tensor | None
+    attn_k_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    ffn_gate: Weight
+    ffn_up: Weight
+    ffn_down: Weight
+
+
+def _vec(a: np.ndarray | None) -> torch.Tensor | None:
+    return None if a is None else torch.from_numpy(np.array(a, dtype=np.float32))  # a copy: the map is read-only
+
+
+class TorchBlocks:
+    """The layer chain of a dense, full-attention decoder with bf16 or int8 weights (Decoder.torch_blocks):
+    every decode step, and prompts unless a benchmark asks for the numpy kernels (`prefills`)."""
+
+    def __init__(self, decoder):
+        self.cfg, self.freqs, self.tower = decoder.cfg, decoder.freqs, decoder.tower
+        t = decoder.tower  # naive attention or tile sizes: a reference or a benchmark of the numpy kernels
+        self.prefills = t.attention == "flash" and t.q_block is None and t.kv_block is None
+        self.layers = [_Layer(**{name: (getattr(layer, name) if name in _MATRICES else _vec(getattr(layer, name)))
+                                 for name in _Layer.__dataclass_fields__}) for layer in decoder.layers]
+        self.steps = 0
+
+    def run(self, rows: Rows, x: np.ndarray) -> np.ndarray:
+        """x [N, n_embd] float32, the rows of `rows` (one per sequence in a decode step, a chunk of
+        each sequence's prompt otherwise) through every layer; stores each layer's k/v in the
+        sequences' caches. Returns the last layer's output [N, n_embd]."""
+        cos, sin = (torch.from_numpy(a) for a in rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs))
+        hook = self.tower.on_layer
+        with torch.inference_mode():
+            h = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # [B, n_embd]
+            for i, layer in enumerate(self.layers):
+                if not rows.decode:
+                    check_cancelled()  # a stopped run does not wait for the rest of a long prompt
+                t0 = _now() if hook else 0.0
+                h = h + self.attention(i, layer, self.norm(h, layer.attn_norm), cos, sin, rows)
+                h = h + self.ffn(layer, self.norm(h, layer.ffn_norm), rows.decode)
+                if hook:
+                    hook(i, _now() - t0)
+        self.steps += 1  # decode steps and prompt chunks alike
+        if self.steps % TRIM_EVERY == 0:
+            release_free_memory()  # the step's freed tensors, back to the system (memory.py)
+        return h.numpy()
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """ops.rmsnorm in torch: x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.cfg.eps) * weight
+
+    def linear(self, x: torch.Tensor, w: Weight, bias: torch.Tensor | None, exact: bool) -> torch.Tensor:
+        """x [M, in] float32 @ w.T as Weight.matmul computes it; exact: each row's bits independent of M."""
+        y = w.linear(x, exact_rows=exact)
+        return y if bias is None else y + bias
+
+    def attention(self, i: int, layer: _Layer, h: torch.Tensor, cos, sin, rows: Rows) -> torch.Tensor:
+        c, n, exact = self.cfg, h.shape[0], rows.decode
+        q = self.linear(h, layer.attn_q, layer.attn_q_bias, exact).view(n, c.n_head, c.head_dim)  # [N, Hq, D]
+        k = self.linear(h, layer.attn_k, layer.attn_k_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
+        v = self.linear(h, layer.attn_v, layer.attn_v_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
+        if c.qk_norm:
+            q = self.norm(q, layer.attn_q_norm)
+            k = self.norm(k, layer.attn_k_norm)
+        q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+        kn, vn = k.numpy().transpose(1, 0, 2), v.numpy().transpose(1, 0, 2)  # [Hkv, N, D] views
+        out = torch.empty(n, c.n_head, c.head_dim)  # [N, Hq, D]
+        scale = c.head_dim ** -0.5
+        for s, r0, r1 in zip(rows.states, rows.bounds[:-1], rows.bounds[1:]):  # each sequence's rows alone
+            cache, r0, r1 = s.cache, int(r0), int(r1)
+            if rows.decode:  # the cache write of the numpy path, then its attention alone
+                cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
+                out[r0] = sequence_attention(cache.pool, i, cache.held_slot(), s.pos + 1, q[r0], scale=scale)
+            elif cache.pool.kind == "bfloat16" and not cache.ring:
+                cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
+                out[r0:r1] = causal_block_attention(cache.pool, i, cache.held_slot(), s.pos, q[r0:r1], scale=scale)
+            else:  # other keys: the numpy cache's chunk attention (torch's fused kernel in float32)
+                a = cache.attend_chunk(i, s.pos, q[r0:r1].numpy().transpose(1, 0, 2), kn[:, r0:r1], vn[:, r0:r1],
+                                       scale=scale, tower=self.tower)  # [Hq, T, D]
+                out[r0:r1] = torch.from_numpy(a.transpose(1, 0, 2))
+        return self.linear(out.view(n, c.n_head * c.head_dim), layer.attn_output, layer.attn_output_bias, exact)
+
+    def ffn(self, layer: _Layer, h: torch.Tensor, exact: bool) -> torch.Tensor:
+        gate, up = self.linear(h, layer.ffn_gate, None, exact), self.linear(h, layer.ffn_up, None, exact)
+        return self.linear(F.silu(gate) * up, layer.ffn_down, None, exact)
+
+
+_MATRICES = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+
+
+def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """One sequence's decode attention: its query q [Hq, D] over the first n positions of its pool
+    slot -> [Hq, D] float32. Scores are K [Hkv, n, D] @ q^T [Hkv, D, g] (the keys as the product's
+    long left operand: 2x faster than q @ K^T here), softmax in float32."""
+    hq, d = q.shape
+    hkv = pool.n_kv
+    g = hq // hkv
+    k = torch.from_numpy(pool.k[layer][slot, :, :n])  # [Hkv, n, D] view of the slot
+    v = torch.from_numpy(pool.v[layer][slot, :, :n])
+    qg = q.reshape(hkv, g, d) * scale  # [Hkv, g, D]
+    if pool.kind == "bfloat16":
+        k, v = k.view(torch.bfloat16), v.view(torch.bfloat16)
+    elif pool.kind == "float16":
+        k, v = k.float(), v.float()
+    elif pool.kind == "int8":  # K = Kq * ks[p] * kc[c]: kc onto the query, ks onto the scores
+        qg = qg * torch.from_numpy(pool.kc[layer][slot]).reshape(hkv, 1, d)
+        k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    s = torch.matmul(k, qg.to(k.dtype).transpose(1, 2)).float()  # [Hkv, n, g]
+    if pool.kind == "int8":
+        s = s * torch.from_numpy(pool.ks[layer][slot, :, :n])  # [Hkv, n, 1]
+    p = torch.softmax(s, dim=1)  # over the n keys
+    if pool.kind == "int8":  # p . (V vs) = (p vs) . V
+        p = p * torch.from_numpy(pool.vs[layer][slot, :, :n])
+    out = torch.matmul(p.transpose(1, 2).to(v.dtype), v)  # [Hkv, g, D]
+    return out.float().reshape(hq, d)
+
+
+QUERY_BLOCK = 256  # prompt rows per score block: [g * 256, L] bf16 scores, a few MB for a page's prompt
+
+
+def causal_block_attention(pool: KVPool, layer: int, slot: int, pos0: int, q: torch.Tensor, *,
+                           scale: float) -> torch.Tensor:
+    """A prompt chunk's causal attention over a bfloat16 pool: its queries q [T, Hq, D] at positions
+    pos0 .. pos0+T-1, whose keys are already written, over the first pos0 + T positions of the slot
+    -> [T, Hq, D] float32. Per KV head and block of QUERY_BLOCK queries: scores = q K^T as one
+    bfloat16 product for the head's g query heads, the block's own upper triangle masked, softmax
+    (float32 inside), scores @ V.
+
+    Why: torch's fused causal kernel (torch_attention.py) runs in float32 here and was half of a
+    page's prefill (4.4 of 8.3 s); as bfloat16 products ... The scores are rounded to bfloat16
+    before the softmax, as in the vision tower's query_block_attention."""
+    t, hq, d = q.shape
+    hkv = pool.n_kv
+    g = hq // hkv
+    k = torch.from_numpy(pool.k[layer][slot, :, :pos0 + t]).view(torch.bfloat16)  # [Hkv, L, D] view of the slot
+    v = torch.from_numpy(pool.v[layer][slot, :, :pos0 + t]).view(torch.bfloat16)
+    qg = (q * scale).to(torch.bfloat16).view(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
+    out = torch.empty(t, hkv, g, d)  # [T, Hkv, g, D]
+    for s in range(0, t, QUERY_BLOCK):
+        e = min(s + QUERY_BLOCK, t)
+        n, keys = e - s, pos0 + e  # the block's queries see keys 0 .. pos0 + e - 1, each up to its own
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)  # [n, n] query r must not see block key > r
+        for h in range(hkv):
+            scores = torch.matmul(qg[h, :, s:e], k[h, :keys].transpose(0, 1))  # [g, n, keys]
+            scores[:, :, keys - n:].masked_fill_(future, float("-inf"))
+            p = torch.softmax(scores, -1)
+            out[s:e, h] = torch.matmul(p, v[h, :keys]).transpose(0, 1).float()  # [n, g, D]
+    return out.view(t, hq, d)

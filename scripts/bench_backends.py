@@ -374,7 +374,7 @@ def main(argv=None) -> None:
     if has_module("torch"):
         from pantheon_ocr.engine.backends import require_torch
 
-        require_torch()  # first torch import through the engine (sets OMP_WAIT_POLICY=PASSIVE)
+        require_torch()  # first torch import through the engine (sets GOMP_SPINCOUNT, OMP_WAIT_POLICY)
     out = {"machine": _machine()}
     print(f"# machine: {out['machine']}", flush=True)
     if args.what in ("vision", "all"):

@@ -4,15 +4,16 @@ same traced graph run by torch. Core ML numerics run only on macOS."""
 
 from __future__ import annotations
 
-import os
 import platform
 import warnings
 
 import numpy as np
 import pytest
 
-# as the engine does before importing torch (backends.require_torch): no OpenMP spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# as the engine does before importing torch (backends.require_torch): its OpenMP spin
+from pantheon_ocr.engine.backends.common import openmp_env  # noqa: E402
+
+openmp_env()
 
 pytest.importorskip("torch")
 ct = pytest.importorskip("coremltools")

@@ -3,14 +3,15 @@ LightOnOCR fixture), including the padded-bucket path the Core ML programs are t
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
 import pytest
 
-# as the engine does before importing torch (backends.require_torch): no OpenMP spinning
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# as the engine does before importing torch (backends.require_torch): its OpenMP spin
+from pantheon_ocr.engine.backends.common import openmp_env  # noqa: E402
+
+openmp_env()
 
 torch = pytest.importorskip("torch")
 

@@ -30,21 +30,29 @@ def has_module(name: str) -> bool:
         return False
 
 
+def openmp_env() -> None:
+    """torch's OpenMP spin (require_torch says why), unless the user set it; read when torch loads."""
+    os.environ.setdefault("GOMP_SPINCOUNT", str(TORCH_SPIN))
+    os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")  # bounded by the count
+
+
 def require_torch():
     """torch, or BackendUnavailable saying to install the gpu extra.
 
-    Before torch's first import this sets OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 unless
+    Before torch's first import this sets GOMP_SPINCOUNT=10000 and OMP_WAIT_POLICY=ACTIVE unless
     the user set them: with libgomp's default spin (300,000 rounds, about a millisecond) torch's
     OpenMP workers steal the cores that numpy's BLAS needs in the other pipeline stage (measured
     here: --gpu-decode on device cpu 30x slower at B=4, the numpy CPU stage 7x slower after torch
     vision calls); with no spin at all every small op of a decode step pays the workers' wake-up
     (SmolLM2 bf16 decode at B = 1: 25 tok/s passive, 47 with 10,000 rounds; docs/benchmarks.md).
-    libgomp cuts the spin to 1,000 rounds by itself when its threads outnumber the cores."""
+    The policy matters once a second thread (a pipeline stage) runs torch: libgomp then counts more
+    threads than cores and spins only its "throttled" count, 1,000 rounds under ACTIVE but none under
+    PASSIVE, so under PASSIVE a decode step from the pipeline's stage thread took 1.3-1.5x the
+    main thread's (docs/benchmarks.md); the explicit count bounds ACTIVE's spin as it did PASSIVE's."""
     if not has_module("torch"):
         raise BackendUnavailable(None, f"this needs torch, which is not installed: {GPU_EXTRA}")
     if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        os.environ.setdefault("GOMP_SPINCOUNT", str(TORCH_SPIN))
+        openmp_env()
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken install is still one line

@@ -77,3 +77,27 @@ def test_int8_weights_logits_error_against_f32_on_lightonocr():
     err = rel_err(rows[1], rows[0])
     print(f"lightonocr: int8 weights, max relative logits error vs f32 {err:.2e}")
     assert 1e-4 < err <= 3.5e-2
+
+
+def test_copied_weights_leave_the_map_and_read_the_same(monkeypatch):
+    """int8 rows are copies: their tensors' pages of the map are released (madvise), and the map
+    still reads the same bytes afterwards (faulted back in from the file)."""
+    from pantheon_ocr.engine.format.gguf import GGUFFile
+
+    released = []
+    monkeypatch.setattr(GGUFFile, "release", lambda self, name, real=GGUFFile.release: released.append(name) or real(self, name))
+    model = load_model(LIGHTONOCR_TEXT, weights="int8")
+    assert "blk.0.ffn_down.weight" in released and "token_embd.weight" in released
+    gf = GGUFFile(LIGHTONOCR_TEXT)
+    n = len(released)
+    bf16 = load_model(LIGHTONOCR_TEXT, weights="bf16")  # a BF16 tensor is a view of the map: kept
+    views = {name for name, t in gf.tensors.items() if t.qtype.name == "BF16"}
+    assert views and not views & set(released[n:])
+    n = len(released)
+    load_model(LIGHTONOCR_TEXT, weights="f32")  # float32 decoded from BF16: copies, released
+    assert "blk.0.ffn_down.weight" in released[n:]
+    name = max(gf.tensors, key=lambda n: gf.tensors[n].n_bytes)
+    before = gf.raw(name).copy()
+    gf.release(name)
+    assert np.array_equal(gf.raw(name), before)
+    assert model.decoder.torch_blocks is not None and bf16.decoder.torch_blocks is not None

@@ -171,6 +171,17 @@ class GGUFFile:
             *rows, info.n_bytes // max(1, math.prod(rows))
         )
 
+    def release(self, name: str) -> None:
+        """The tensor's data was copied out of the map (resident weights): let the kernel drop its
+        pages from this process's resident set. The map is read-only and backed by the file, so a
+        later read faults them back in from it; only whole pages inside the tensor are dropped.
+        Why: an int8 or dequantized copy would otherwise count twice, beside the pages it was read from."""
+        info = self.tensors[name]
+        lo = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (info.offset + info.n_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo and hasattr(mmap, "MADV_DONTNEED"):  # Linux, macOS; elsewhere the pages stay
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def close(self) -> None:
         # Views into the map may still be alive (resident weights keep none); let GC unmap then.
         if getattr(self, "_file", None) is not None:

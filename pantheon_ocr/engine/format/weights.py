@@ -77,6 +77,13 @@ class Weight:
         self._panel_rows = max(16, PANEL_BYTES // (4 * shape[1]))
 
     @property
+    def copied(self) -> bool:
+        """Its data is a copy, nothing of it a view of the file's map (int8 rows, bfloat16 or float32
+        decoded from another type)."""
+        return (self.storage == "int8" or (self.storage == "bf16" and self.qtype != Q.BF16)
+                or (self.storage == "f32" and self.qtype != Q.F32))
+
+    @property
     def resident(self) -> bool:
         """The whole matrix is held ready to multiply (f32, bf16 or int8), nothing decoded per call."""
         return self.storage in TORCH_STORAGES or self._data.dtype == np.float32
@@ -192,13 +199,19 @@ class WeightLoader:
 
     def matrix(self, name: str, shape: tuple[int, int]) -> Weight:
         self._info(name, shape)
-        return Weight(name, self.gf.tensors[name].qtype, shape, self.gf.raw(name), self.storage)
+        w = Weight(name, self.gf.tensors[name].qtype, shape, self.gf.raw(name), self.storage)
+        if w.copied:
+            self.gf.release(name)  # its pages of the map, out of the resident set
+        return w
 
     def experts(self, name: str, shape: tuple[int, int, int]) -> list[Weight]:
         """A merged 3-D expert tensor [E, out, in] as E per-expert views (no copies when quantized)."""
         info = self._info(name, shape)
         raw = self.gf.raw(name)  # [E, out, row_bytes]
-        return [Weight(f"{name}[{e}]", info.qtype, shape[1:], raw[e], self.storage) for e in range(shape[0])]
+        experts = [Weight(f"{name}[{e}]", info.qtype, shape[1:], raw[e], self.storage) for e in range(shape[0])]
+        if experts and experts[0].copied:
+            self.gf.release(name)
+        return experts
 
     def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A small tensor (norms, biases, router, conv kernels) always as resident float32."""

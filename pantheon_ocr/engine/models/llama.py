@@ -27,6 +27,7 @@ from ..format import names as N
 from ..format.names import blk
 from ...options import TORCH_STORAGES
 from ..format.weights import Storage, Weight, WeightLoader
+from ..memory import release_free_memory
 
 __all__ = ["Decoder", "DecoderState", "LlamaLayer"]
 
@@ -79,6 +80,7 @@ class Decoder:
         factors = w.optional_tensor(N.ROPE_FREQS, (c.n_rot // 2,))
         self.freqs = rope_freqs(c.n_rot, c.rope_base, factors)  # [n_rot / 2]
         self.layers = [self.load_layer(w, i) for i in range(tower.layers(c.n_layer))]
+        release_free_memory()  # decoding or quantizing at load freed float32 copies of every matrix
         self.torch_blocks = None
         if storage in TORCH_STORAGES and self.TORCH_BLOCKS and not c.n_expert and not c.sliding_window:
             from ..backends.torch_blocks import TorchBlocks

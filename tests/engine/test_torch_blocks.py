@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from pantheon_ocr.engine import load_model  # noqa: E402
 from pantheon_ocr.engine.attention import TowerOptions, naive_attention  # noqa: E402
 from pantheon_ocr.engine.backends import torch_blocks  # noqa: E402
-from pantheon_ocr.engine.cache import KV_STORAGE, KVCache, KVPool, kv_kind  # noqa: E402
+from pantheon_ocr.engine.cache import KV_STORAGE, KVCache, KVPool, Rows, kv_kind  # noqa: E402
 from pantheon_ocr.engine.ops import from_bf16_bits, to_bf16_bits  # noqa: E402
 
 from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa: E402
@@ -174,18 +174,12 @@ def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, monkeypatch):
         n = min(len(p) for p in prompts)
         for i in range(0, n, 19):  # both sequences' chunks in one forward
             chunks = [p[i:min(i + 19, n)] for p in prompts]
-            x = d.run(cache_rows(states, chunks), np.concatenate([d.embed(c) for c in chunks]), sum(chunks, []))
+            x = d.run(Rows(states, [len(c) for c in chunks]), np.concatenate([d.embed(c) for c in chunks]), sum(chunks, []))
             out.append(d.logits_of(x))
         rows[name] = np.concatenate(out)
     assert runs and not any(runs)  # the torch model's prompts ran in torch
     # measured: bfloat16 0.9e-2; float32 and int8 equal here (the tiny model's norms round alike)
     assert rel_err(rows["torch"], rows["numpy"]) <= (2e-2 if kind == "bfloat16" else 1e-4)
-
-
-def cache_rows(states, chunks):
-    from pantheon_ocr.engine.cache import Rows
-
-    return Rows(states, [len(c) for c in chunks])
 
 
 def test_benchmarks_of_the_numpy_kernels_prefill_in_numpy():

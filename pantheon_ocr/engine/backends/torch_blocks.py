@@ -128,7 +128,7 @@ class TorchBlocks:
             if rows.decode:  # the cache write of the numpy path, then its attention alone
                 cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
                 out[r0] = sequence_attention(cache.pool, i, cache.held_slot(), s.pos + 1, q[r0], scale=scale)
-            elif cache.pool.kind == "bfloat16" and not cache.ring:
+            elif cache.pool.kind == "bfloat16":
                 cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
                 out[r0:r1] = causal_block_attention(cache.pool, i, cache.held_slot(), s.pos, q[r0:r1], scale=scale)
             else:  # other keys: the numpy cache's chunk attention (torch's fused kernel in float32)

@@ -47,6 +47,7 @@ def random_vision_model(n_layer: int, seed: int = 0, **shape):
 
     from pantheon_ocr.engine.models.lightonocr import Projector
     from pantheon_ocr.engine.models.pixtral import PixtralLayer, PixtralVision, VisionConfig
+    from pantheon_ocr.engine.attention import TowerOptions
     from pantheon_ocr.engine.format.weights import Weight
 
     s = {**REAL_VISION, **shape, "n_layer": n_layer}
@@ -65,7 +66,7 @@ def random_vision_model(n_layer: int, seed: int = 0, **shape):
 
     d, ff, p = cfg.n_embd, cfg.n_ff, cfg.projection_dim
     vision = object.__new__(PixtralVision)
-    vision.cfg, vision.path, vision.blocked = cfg, "<random>", True
+    vision.cfg, vision.path, vision.tower = cfg, "<random>", TowerOptions()
     vision.patch_embd = mat("v.patch_embd.weight", d, 3 * 14 * 14)
     vision.patch_bias = None
     vision.pre_ln = norm(d)

@@ -115,3 +115,42 @@ def test_bf16_decoders_prefill_with_torch_attention_as_numpys():
     got, ref = chunked(torch_model), chunked(numpy_model)
     assert rel_err(got, ref) <= 1e-5
     assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_auto_weights_follow_the_cpu(monkeypatch, tmp_path):
+    """`--weights auto` for a large text model with torch installed: bf16 where the CPU has bfloat16
+    units, int8 rows where it has none (emulated bfloat16 products are slower than int8's kernel
+    there, docs/benchmarks.md); the note says why."""
+    from pantheon_ocr.engine import loader
+    from pantheon_ocr.options import EngineOptions
+
+    monkeypatch.setattr(loader, "_params", lambda path: 600_000_000)
+    for has, want in ((True, "bf16"), (False, "int8")):
+        monkeypatch.setattr(B, "cpu_has_bf16", lambda has=has: has)
+        o, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf"))
+        assert o.weights == want and why[0].startswith(f"weights: {want} (")
+        assert ("without bfloat16 units" in why[0]) is not has
+
+
+def test_prompts_multiply_in_float32_without_bfloat16_units(monkeypatch):
+    """On a CPU without bfloat16 units a prompt's product (more than ROW_BLOCK rows) is the float32
+    GEMM of the widened matrix; decode rows (exact_rows) and CPUs with the units keep bfloat16."""
+    import torch
+
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    rng = np.random.default_rng(3)
+    dense = rng.standard_normal((48, 64)).astype(np.float32)
+    x = torch.from_numpy(rng.standard_normal((40, 64)).astype(np.float32))
+    for data in (TW.from_f32(dense), TW.int8_rows(dense)):
+        wide = TW.widened(data)
+        q, s = data if isinstance(data, tuple) else (data, None)
+        assert torch.equal(wide, q.float() if s is None else q.float() * s.float()[:, None])
+        bf16 = TW.product(data, 40)(x.to(torch.bfloat16)).float()
+        monkeypatch.setattr(TW, "cpu_has_bf16", lambda: False)
+        assert torch.equal(TW.linear(data, x), torch.nn.functional.linear(x, wide))
+        assert not torch.equal(TW.linear(data, x), bf16)
+        exact = TW.linear(data, x, exact_rows=True)
+        monkeypatch.setattr(TW, "cpu_has_bf16", lambda: True)
+        assert torch.equal(TW.linear(data, x), bf16)
+        assert torch.equal(TW.linear(data, x, exact_rows=True), exact)  # decode rows: the same either way

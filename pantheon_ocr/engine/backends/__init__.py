@@ -23,8 +23,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ...errors import OptionError
-from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, has_module, mps_available,
-                     require_torch, resolve_device)
+from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, cpu_has_bf16, has_module,
+                     mps_available, require_torch, resolve_device)
 
 BACKENDS = ("numpy", "torch", "coreml", "auto")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -121,16 +121,6 @@ def resolve_dtype(name: str, device: str | None, dtype: str) -> str:
     if name == "torch" and (device or "cpu") == "cpu" and cpu_has_bf16():
         return "bfloat16"
     return "float32"
-
-
-def cpu_has_bf16() -> bool:
-    """The CPU multiplies bfloat16 natively (x86 AVX-512 BF16 or AMX-BF16), as /proc/cpuinfo says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _auto(device: str | None) -> tuple[str, str | None, str]:

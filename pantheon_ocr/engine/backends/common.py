@@ -5,6 +5,7 @@ Imported by the backends package and by each backend module (never the other way
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -28,6 +29,19 @@ def has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """The CPU multiplies bfloat16 natively (x86 AVX-512 BF16 or AMX-BF16), as /proc/cpuinfo says.
+    Without such units torch's bfloat16 products are emulated: on an AVX2 CPU (AMD EPYC, Zen 3)
+    a prompt's bf16 GEMMs took 4x float32's time and the vision tower in bfloat16 100x."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def openmp_env() -> None:

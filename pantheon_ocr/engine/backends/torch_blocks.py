@@ -37,7 +37,7 @@ from ..cancel import check as check_cancelled
 from ..format.weights import Weight
 from ..memory import TRIM_EVERY, release_free_memory
 from ..ops import apply_rope, rope_angles
-from .common import require_torch
+from .common import cpu_has_bf16, require_torch
 
 torch = require_torch()
 F = torch.nn.functional
@@ -185,13 +185,15 @@ def causal_block_attention(pool: KVPool, layer: int, slot: int, pos0: int, q: to
 
     Why: torch's fused causal kernel (torch_attention.py) runs in float32 here and was half of a
     page's prefill (4.4 of 8.3 s); as bfloat16 products a page's attention takes 1.7 s. The scores
-    are rounded to bfloat16 before the softmax, as in the vision tower's query_block_attention."""
+    are rounded to bfloat16 before the softmax, as in the vision tower's query_block_attention.
+    On a CPU without bfloat16 units (emulated bfloat16 products) keys, values and products are float32."""
     t, hq, d = q.shape
     hkv = pool.n_kv
     g = hq // hkv
-    k = torch.from_numpy(pool.k[layer][slot, :, :pos0 + t]).view(torch.bfloat16)  # [Hkv, L, D] view of the slot
-    v = torch.from_numpy(pool.v[layer][slot, :, :pos0 + t]).view(torch.bfloat16)
-    qg = (q * scale).to(torch.bfloat16).view(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
+    dt = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    k = torch.from_numpy(pool.k[layer][slot, :, :pos0 + t]).view(torch.bfloat16).to(dt)  # [Hkv, L, D]
+    v = torch.from_numpy(pool.v[layer][slot, :, :pos0 + t]).view(torch.bfloat16).to(dt)
+    qg = (q * scale).to(dt).view(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
     out = torch.empty(t, hkv, g, d)  # [T, Hkv, g, D]
     for s in range(0, t, QUERY_BLOCK):
         e = min(s + QUERY_BLOCK, t)

@@ -2,7 +2,9 @@
 
 torch reaches the CPU's bfloat16 units (AMX tiles, AVX-512 BF16) through oneDNN; numpy has no
 bfloat16 at all. Either storage takes bfloat16 activations: each product rounds its input rows to
-bfloat16, multiplies with float32 accumulation and rounds its output to bfloat16.
+bfloat16, multiplies with float32 accumulation and rounds its output to bfloat16. On a CPU without
+bfloat16 units (AVX2) a prompt's products (more than ROW_BLOCK rows) widen the matrix to float32
+instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's time there.
 
 - bf16: the matrix as bfloat16 [out, in] (a BF16 tensor is a view of the file's pages), torch's
   `linear`.
@@ -20,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from ..backends.common import require_torch
+from ..backends.common import cpu_has_bf16, require_torch
 
 torch = require_torch()
 F = torch.nn.functional
@@ -66,12 +68,23 @@ def product(data, m: int = 1):
     return lambda xb: torch.ops.aten._weight_int8pack_mm(xb, q, scale)
 
 
+def widened(data):
+    """The matrix as float32 [out, in]: a bf16 matrix widened (exact), int8 rows times their scales."""
+    if isinstance(data, tuple):
+        q, scale = data
+        return q.float() * scale.float()[:, None]
+    return data.float()
+
+
 def linear(data, x, exact_rows: bool = False):
     """x [M, in] torch float32 @ W.T -> [M, out] torch float32, through bfloat16. exact_rows: each
     row's bits independent of M: one call for any M >= 2 where the kernel keeps rows apart (a lone
-    row gets a zero partner: oneDNN picks another kernel at M = 1), else blocks of ROW_BLOCK rows."""
+    row gets a zero partner: oneDNN picks another kernel at M = 1), else blocks of ROW_BLOCK rows.
+    A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
+    m = x.shape[0]
+    if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16():
+        return F.linear(x, widened(data))
     xb = x.to(torch.bfloat16)
-    m = xb.shape[0]
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:
         y = op(xb)

@@ -52,8 +52,9 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     for a large text model with torch installed, bfloat16 weights where the CPU multiplies bfloat16,
     else int8 rows (without bfloat16 units a bf16 product is emulated: on an AVX2 EPYC a batched
     decode step at B = 4 took 0.83 s with float32, 0.49 s with bf16 and 0.33 s with int8 weights,
-    and prompts multiply in float32 there, as fast as f32's); the torch (or Core ML) vision backend where installed, unless the vision tower is small
-    (numpy runs a page's line pieces in one pass). Chosen once, before any weight is read."""
+    and prompts multiply in float32 there, faster than f32's numpy loop); the torch (or Core ML)
+    vision backend where installed, unless the vision tower is small (numpy runs a page's line
+    pieces in one pass). Chosen once, before any weight is read."""
     from .backends import cpu_has_bf16
     from .backends.common import FAST_EXTRA, has_module
 

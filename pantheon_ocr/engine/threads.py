@@ -54,9 +54,12 @@ def current() -> int | None:
 
 def torch_threads() -> None:
     """Give torch, if loaded, the count set_threads chose (backends call it after importing
-    torch; it never imports torch itself)."""
+    torch; it never imports torch itself). Always set, never compared first: torch.get_num_threads()
+    reads OpenMP's count, which threadpool_limits has just set, while torch's MKL keeps its own
+    (per thread) that only torch.set_num_threads changes; skipped when OpenMP's matched, a process
+    that once ran at 1 thread kept float32 GEMMs at 1 (a page's prefill 34.7 s instead of 19.8)."""
     torch = sys.modules.get("torch")
-    if _chosen and torch is not None and torch.get_num_threads() != _chosen:
+    if _chosen and torch is not None:
         torch.set_num_threads(_chosen)
 
 

@@ -203,8 +203,6 @@ class Stages:
     def _batching(self, source: queue.Queue) -> None:
         upstream_done = False
         while not self.stop.is_set():
-            if self.options.overlap:
-                stage_share(alone=self._vision_done)  # the vision stage done: its cores are free
             while len(self._active) < self.options.batch_size and not (upstream_done and self._joining is None):
                 if self._joining is None:
                     page = self._get(source, block=not self._active)
@@ -231,6 +229,7 @@ class Stages:
                 if upstream_done and self._joining is None:
                     return
                 continue
+            self._cpu_share()
             t0 = time.perf_counter()
             try:
                 self.engine.decode_step([a.seq for a in self._active])
@@ -258,6 +257,12 @@ class Stages:
             self.counts["decoding"] = len(still)
             self.counts["live_tokens"] = sum(a.seq.n_tokens for a in still)
 
+    def _cpu_share(self) -> None:
+        """Before each prefill chunk and decode step: every core once the vision stage is done
+        (a page that waited for its features starts its prompt with them, not with half)."""
+        if self.options.overlap:
+            stage_share(alone=self._vision_done)
+
     def _join(self, page: _Page) -> _Active | None:
         """A page's new sequence, its prompt still to prefill."""
         sampling = page.task.sampling or self.options.sampling
@@ -276,6 +281,7 @@ class Stages:
         with j.seq None: the page failed (prefill error or timeout)."""
         page = j.page
         if j.seq.prefilling:
+            self._cpu_share()
             t0 = time.perf_counter()
             try:
                 self.engine.prefill_steps([j.seq])

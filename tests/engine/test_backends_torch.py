@@ -159,3 +159,16 @@ def test_bfloat16_cpu_backend_attends_by_query_blocks():
 
     assert all(block.attend is query_block_attention for block in backend("bfloat16").module.layers)
     assert all(block.attend is torch.nn.functional.scaled_dot_product_attention for block in backend().module.layers)
+
+
+def test_a_truncated_tower_runs_its_own_layers():
+    """`--vision-layers N` (benchmarks): the torch module has the numpy tower's first N layers
+    and gives its output (it once kept the model's full count, the missing ones unloaded)."""
+    from pantheon_ocr.engine.attention import TowerOptions
+
+    short = load_vlm(LIGHTONOCR_TEXT, LIGHTONOCR_MMPROJ, weights="f32", vision_tower=TowerOptions(n_layers=1))
+    assert len(short.vision.layers) == 1 < short.vision.cfg.n_layer
+    module = make_vision_backend("torch", short, device="cpu", dtype="float32")
+    px = pixels("d_text_300x120")
+    out = module.encode(px)
+    assert rel_err(out, short.encode_image(px)) <= REL and rel_err(out, vlm().encode_image(px)) > 1e-3

@@ -61,7 +61,8 @@ class LightOnOCRVision(PixtralVision):
     def __init__(self, vision, projector, dtype: torch.dtype = torch.float32):
         c = vision.cfg
         with torch.device("meta"):  # shapes only: every weight comes from the GGUF below
-            super().__init__(c.n_embd, c.n_layer, c.n_head, c.n_ff, c.patch_size, float(c.eps), c.rope_base)
+            # the numpy tower's own layers: all of them, or the first N a benchmark asked for
+            super().__init__(c.n_embd, len(vision.layers), c.n_head, c.n_ff, c.patch_size, float(c.eps), c.rope_base)
             self.projector = Projector(c.n_embd, c.projection_dim, projector.merge, float(projector.eps))
         self.cfg, self.dtype = c, dtype
         f32, p = torch.float32, c.patch_size

@@ -68,12 +68,13 @@ def product(data, m: int = 1):
     return lambda xb: torch.ops.aten._weight_int8pack_mm(xb, q, scale)
 
 
-def widened(data):
-    """The matrix as float32 [out, in]: a bf16 matrix widened (exact), int8 rows times their scales."""
+def float32_product(data, x):
+    """x [M, in] float32 @ W.T in float32: the matrix widened (exact), int8 rows' scales applied to
+    the product's columns (fewer elements than the matrix at a prompt chunk's M = 512)."""
     if isinstance(data, tuple):
         q, scale = data
-        return q.float() * scale.float()[:, None]
-    return data.float()
+        return F.linear(x, q.float()) * scale.float()
+    return F.linear(x, data.float())
 
 
 def linear(data, x, exact_rows: bool = False):
@@ -83,7 +84,7 @@ def linear(data, x, exact_rows: bool = False):
     A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
     m = x.shape[0]
     if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16():
-        return F.linear(x, widened(data))
+        return float32_product(data, x)
     xb = x.to(torch.bfloat16)
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:

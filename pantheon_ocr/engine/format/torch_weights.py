@@ -89,8 +89,9 @@ def linear(data, x, exact_rows: bool = False):
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:
         y = op(xb)
-    elif rows_exact_for_any_m("int8" if isinstance(data, tuple) else "bf16"):
-        y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if m == 1 else op(xb)
+    elif rows_exact_for_any_m(storage := "int8" if isinstance(data, tuple) else "bf16"):
+        lone = m == 1 and not _ROWS_EXACT[storage, "lone"]
+        y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if lone else op(xb)
     else:
         pad = -(-m // ROW_BLOCK) * ROW_BLOCK - m
         xp = torch.cat([xb, xb.new_zeros(pad, xb.shape[1])]) if pad else xb
@@ -104,7 +105,7 @@ def matmul(data, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
         return linear(data, torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), exact_rows).numpy()
 
 
-_ROWS_EXACT: dict[str, bool] = {}
+_ROWS_EXACT: dict = {}  # storage -> rows exact for M >= 2; (storage, "lone") -> and a lone row too
 
 
 def rows_exact_for_any_m(storage: str) -> bool:
@@ -113,10 +114,12 @@ def rows_exact_for_any_m(storage: str) -> bool:
     and the GEMM-like ones). oneDNN on AVX-512 BF16 does for bf16 (measured for M = 2..300 and 1-2
     threads, shapes of SmolLM2, Qwen and LightOnOCR) but picks another kernel at M = 1 for some
     shapes: so a decode step pads one row to two and runs any batch in one call, instead of blocks
-    of 16 rows, which costs a single stream up to 3x per projection."""
+    of 16 rows, which costs a single stream up to 3x per projection. int8's kernel is torch's own
+    (no per-shape kernel choice as in oneDNN): where a lone row also gets the bits it has among
+    others (measured on the same shapes), it is not padded, two torch calls fewer per projection."""
     if storage not in _ROWS_EXACT:
         gen = torch.Generator().manual_seed(0)
-        ok = True
+        ok = lone = True
         with torch.inference_mode():
             for out, inp in ((192, 576), (1024, 3072), (3072, 1024)):
                 w = torch.randn(out, inp, generator=gen)
@@ -124,7 +127,8 @@ def rows_exact_for_any_m(storage: str) -> bool:
                 x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
                 ref = op(x[:2])
                 ok &= all(torch.equal(op(x[:m])[:2], ref) for m in (3, 5, 16, 17, 33, 40))
-        _ROWS_EXACT[storage] = bool(ok)
+                lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
+        _ROWS_EXACT[storage], _ROWS_EXACT[storage, "lone"] = bool(ok), bool(ok and lone and storage == "int8")
     return _ROWS_EXACT[storage]
 
 

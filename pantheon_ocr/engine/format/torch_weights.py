@@ -89,9 +89,9 @@ def linear(data, x, exact_rows: bool = False):
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:
         y = op(xb)
-    elif rows_exact_for_any_m(storage := "int8" if isinstance(data, tuple) else "bf16"):
-        lone = m == 1 and not _ROWS_EXACT[storage, "lone"]
-        y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if lone else op(xb)
+    elif (exact := _exact_rows("int8" if isinstance(data, tuple) else "bf16"))[0]:
+        pad_lone = m == 1 and not exact[1]
+        y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if pad_lone else op(xb)
     else:
         pad = -(-m // ROW_BLOCK) * ROW_BLOCK - m
         xp = torch.cat([xb, xb.new_zeros(pad, xb.shape[1])]) if pad else xb
@@ -105,7 +105,7 @@ def matmul(data, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
         return linear(data, torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), exact_rows).numpy()
 
 
-_ROWS_EXACT: dict = {}  # storage -> rows exact for M >= 2; (storage, "lone") -> and a lone row too
+_ROWS_EXACT: dict[str, tuple[bool, bool]] = {}  # storage -> (rows exact for any M >= 2, a lone row too)
 
 
 def rows_exact_for_any_m(storage: str) -> bool:
@@ -117,6 +117,11 @@ def rows_exact_for_any_m(storage: str) -> bool:
     of 16 rows, which costs a single stream up to 3x per projection. int8's kernel is torch's own
     (no per-shape kernel choice as in oneDNN): where a lone row also gets the bits it has among
     others (measured on the same shapes), it is not padded, two torch calls fewer per projection."""
+    return _exact_rows(storage)[0]
+
+
+def _exact_rows(storage: str) -> tuple[bool, bool]:
+    """(rows_exact_for_any_m, and a lone row's bits too: int8 only), measured once per process."""
     if storage not in _ROWS_EXACT:
         gen = torch.Generator().manual_seed(0)
         ok = lone = True
@@ -127,8 +132,9 @@ def rows_exact_for_any_m(storage: str) -> bool:
                 x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
                 ref = op(x[:2])
                 ok &= all(torch.equal(op(x[:m])[:2], ref) for m in (3, 5, 16, 17, 33, 40))
-                lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
-        _ROWS_EXACT[storage], _ROWS_EXACT[storage, "lone"] = bool(ok), bool(ok and lone and storage == "int8")
+                if storage == "int8":  # bf16 keeps the pad whatever these shapes say
+                    lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
+        _ROWS_EXACT[storage] = bool(ok), bool(ok and lone and storage == "int8")
     return _ROWS_EXACT[storage]
 
 

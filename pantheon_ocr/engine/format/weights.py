@@ -57,31 +57,30 @@ def dequantize(raw: np.ndarray, qtype: Q) -> np.ndarray:
 class Weight:
     """A matrix [out, in] stored quantized (raw bytes), as resident float32 or as bfloat16."""
 
-    __slots__ = ("name", "qtype", "shape", "storage", "_data", "_panel_rows")
+    __slots__ = ("name", "qtype", "shape", "storage", "copied", "_data", "_panel_rows")
 
     def __init__(self, name: str, qtype: Q, shape: tuple[int, int], raw: np.ndarray, storage: Storage):
         self.name, self.qtype, self.shape, self.storage = name, qtype, shape, storage
+        # copied: the data is a copy, nothing of it a view of the file's map (WeightLoader then
+        # releases the tensor's pages); each branch below says whether it copies
         if storage == "bf16":  # torch bfloat16 [out, in]; a BF16 tensor is used from the map as is
             from .torch_weights import bf16_view, from_f32
 
-            self._data = bf16_view(raw, shape) if qtype == Q.BF16 else from_f32(dequantize(raw, qtype).reshape(shape))
+            self.copied = qtype != Q.BF16
+            self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
         elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here
             from .torch_weights import int8_rows
 
+            self.copied = True
             self._data = int8_rows(dequantize(raw, qtype).reshape(shape))
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
+            self.copied = qtype != Q.F32
             self._data = np.ascontiguousarray(dequantize(raw, qtype).reshape(shape))
         else:
+            self.copied = False
             self._data = raw  # [out, row_bytes] view into the memory map
         self._panel_rows = max(16, PANEL_BYTES // (4 * shape[1]))
-
-    @property
-    def copied(self) -> bool:
-        """Its data is a copy, nothing of it a view of the file's map (int8 rows, bfloat16 or float32
-        decoded from another type)."""
-        return (self.storage == "int8" or (self.storage == "bf16" and self.qtype != Q.BF16)
-                or (self.storage == "f32" and self.qtype != Q.F32))
 
     @property
     def resident(self) -> bool:

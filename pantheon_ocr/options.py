@@ -182,8 +182,9 @@ class EngineOptions:
                                        "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
                                        "else float32.", choices=VISION_DTYPES)
     kv_dtype: str = option("auto", "KV cache type: bfloat16 or float16 halves float32's memory, int8 (a scale per "
-                                   "position and head) quarters it; auto: bfloat16 with bf16 or int8 weights "
-                                   "(their decode attention multiplies bfloat16), else float32.", choices=KV_DTYPES)
+                                   "position and head) quarters it; auto: with bf16 or int8 weights int8 where the "
+                                   "compiled decode attention builds, else bfloat16; float32 with other weights.",
+                           choices=KV_DTYPES)
     prefill_chunk: int = option(PREFILL_CHUNK, "Prompt tokens prefilled between two decode steps: pages already "
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")

@@ -7,7 +7,8 @@ benchmarks, scripts and Ray workers.
 
 Nothing here prints: what a person should know about the engine (a tiny test model, what `auto`
 chose for the weights and the vision backend, and why) comes back as `notes`, one sentence each,
-for the caller to show; the choices start with "weights:" and "vision backend:" (PLAN_NOTES).
+for the caller to show; the choices start with "weights:", "vision backend:", "KV cache:" and
+"decode attention:" (PLAN_NOTES).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import OptionError
-from ..options import EngineOptions
+from ..options import TORCH_STORAGES, EngineOptions
 from .attention import TowerOptions
 
 if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
     from .format.weights import Storage
 
-PLAN_NOTES = ("weights:", "vision backend:")  # notes that say what auto chose (the CLI shows why under -v)
+PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:")  # notes that say what auto chose (the CLI shows why under -v)
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 # Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
 # numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).
@@ -54,9 +55,11 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     decode step at B = 4 took 0.83 s with float32, 0.49 s with bf16 and 0.33 s with int8 weights,
     and prompts multiply in float32 there, faster than f32's numpy loop); the torch (or Core ML)
     vision backend where installed, unless the vision tower is small (numpy runs a page's line
-    pieces in one pass). Chosen once, before any weight is read."""
+    pieces in one pass). Chosen once, before any weight is read. With torch weights, also the KV
+    cache auto takes and which decode attention runs (the compiled kernel is built here if it can be)."""
     from .backends import cpu_has_bf16
     from .backends.common import FAST_EXTRA, has_module
+    from .cache import kv_kind
 
     o, why = options, []
     torch_here = has_module("torch")
@@ -75,6 +78,16 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
             weights, reason = "bf16", "torch and the CPU's bfloat16 units: half the memory of float32, faster matmuls"
         o = replace(o, weights=weights)
         why.append(f"weights: {weights} ({reason})")
+    if o.weights in TORCH_STORAGES:
+        from .backends.native import decode_attention
+
+        kv, built = kv_kind(o.kv_dtype, o.weights), decode_attention()
+        if o.kv_dtype == "auto":
+            why.append(f"KV cache: {kv} (" + ("a byte per value, which the compiled decode attention reads fastest"
+                                               if kv == "int8" else "torch's decode products read bfloat16 fastest")
+                       + ")")
+        if kv in ("bfloat16", "int8"):
+            why.append(f"decode attention: {built.why}")
     if o.vision_backend == "auto" and o.device is None and o.vision_dtype == "auto":
         vision_params = _params(o.mmproj)
         if vision_params is not None and vision_params < SMALL_PARAMS:

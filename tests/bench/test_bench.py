@@ -13,6 +13,7 @@ from pantheon_ocr.bench.pages import PageBenchOptions, bench_pages, expand_confi
 from pantheon_ocr.bench.stages import bench_decode, bench_prefill, bench_vision
 from pantheon_ocr.bench.synthetic import synthetic_pdf
 from pantheon_ocr.cli import main
+from pantheon_ocr.engine.backends import native
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "fixtures" / "lightonocr-tiny"
@@ -104,6 +105,18 @@ def test_stage_benches_tiny_model():
     assert [r["batch"] for r in d["rows"]] == [1, 3] and d["rows"][0]["speedup_vs_first"] == 1.0
     q = bench_decode(TEXT, "f32", batch_sizes=(2,), context=8, steps=1, kv_dtype="int8")
     assert q["kv_dtype"] == "int8" and q["rows"][0]["tok_s"] > 0
+
+
+def test_bench_decode_takes_turns_with_and_without_the_compiled_attention(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", TEXT, "--weights", "bf16", "--batch-size", "1,2", "--context", "9",
+                 "--steps", "2", "--decode-kernel", "on,off", "--in-process", "--json", str(out)]) == 0
+    (d,) = json.loads(out.read_text())
+    assert [(r["kernel"], r["batch"]) for r in d["rows"]] == [(True, 1), (True, 2), (False, 1), (False, 2)]
+    assert all(len(r["steps_s"]) == 2 for r in d["rows"])
+    assert d["kernel_why"]["False"] == "torch's products (the tower's options ask for them)"
+    assert d["kernel_why"]["True"] == native.decode_attention().why
 
 
 def test_cli_bench_ocr_and_decode_json(tmp_path):

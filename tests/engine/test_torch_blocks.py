@@ -25,9 +25,10 @@ def rel_err(a, b) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b)) / np.max(np.abs(b)))
 
 
+@pytest.mark.parametrize("kernel", [True, False])  # bfloat16 and int8 pools: the compiled kernel, or torch's
 @pytest.mark.parametrize("kind", list(KV_STORAGE))
-def test_torch_decode_rows_are_exact_in_every_kv_kind(kind):
-    model = load_model(LIGHTONOCR_TEXT, weights="bf16")
+def test_torch_decode_rows_are_exact_in_every_kv_kind(kind, kernel):
+    model = load_model(LIGHTONOCR_TEXT, weights="bf16", tower=TowerOptions(decode_kernel=kernel))
     assert model.decoder.torch_blocks is not None
     prompts = _prompts(model.config.n_vocab, 9, seed=41)
     leaves = [3 if b % 3 == 2 else 6 for b in range(9)]
@@ -124,8 +125,13 @@ def test_bfloat16_pool_stores_torchs_rounding_at_half_the_bytes():
     assert sizes["bfloat16"] * 2 == sizes["float32"]
 
 
-def test_auto_kv_is_bfloat16_with_bf16_weights_else_float32():
-    assert kv_kind("auto", "bf16") == "bfloat16"
+def test_auto_kv_is_int8_with_the_compiled_attention_else_bfloat16_with_torch_weights(monkeypatch):
+    from pantheon_ocr.engine.backends import native
+
+    built = native.decode_attention()
+    assert kv_kind("auto", "bf16") == kv_kind("auto", "int8") == ("int8" if built.kernel else "bfloat16")
+    monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
+    assert kv_kind("auto", "bf16") == kv_kind("auto", "int8") == "bfloat16"
     assert kv_kind("auto", "f32") == kv_kind("auto", "quantized") == "float32"
     assert kv_kind("int8", "bf16") == "int8"
     with pytest.raises(ValueError, match="KV storage"):

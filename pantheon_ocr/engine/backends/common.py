@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -32,16 +33,27 @@ def has_module(name: str) -> bool:
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_bf16() -> bool:
     """The CPU multiplies bfloat16 natively (x86 AVX-512 BF16 or AMX-BF16), as /proc/cpuinfo says.
     Without such units torch's bfloat16 products are emulated: on an AVX2 CPU (AMD EPYC, Zen 3)
     a prompt's bf16 GEMMs took 4x float32's time and the vision tower in bfloat16 100x."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def user_cache_dir() -> Path:
+    """Where built things live when not next to a model: $PANTHEON_OCR_CACHE, else
+    $XDG_CACHE_HOME/pantheon-ocr or ~/.cache/pantheon-ocr."""
+    root = os.environ.get("PANTHEON_OCR_CACHE")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pantheon-ocr"
 
 
 def openmp_env() -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import COREML_EXTRA, BackendUnavailable, check_pixels, has_module, require_torch
+from .common import COREML_EXTRA, BackendUnavailable, check_pixels, has_module, require_torch, user_cache_dir
 from .buckets import GRANULE, bucket_grid, max_grid_side, merged_rows, pad_pixels, patch_mask
 
 FORMAT = "v1"  # bump when the traced module changes: old packages are then ignored
@@ -88,9 +88,7 @@ def default_cache_dir(mmproj_path: str | Path) -> Path:
     here = Path(mmproj_path).resolve().parent
     if os.access(here, os.W_OK):
         return here / ".pantheon-ocr-cache" / "coreml"
-    root = os.environ.get("PANTHEON_OCR_CACHE") or (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pantheon-ocr")
-    return Path(root) / "coreml"
+    return user_cache_dir() / "coreml"
 
 
 class CoreMLVisionBackend:

@@ -1,0 +1,145 @@
+"""Compiled kernels of the torch decode step, built from csrc/ with the system C compiler on first
+use and called through ctypes: decode attention over a bfloat16 or int8 KV pool
+(csrc/decode_attention.c says why it beats torch's products).
+
+The library is built once per source, flags and compiler into the user cache
+(`$PANTHEON_OCR_CACHE/kernels` or `~/.cache/pantheon-ocr/kernels`), written to a temporary name and
+renamed, so processes building at once (a Ray cluster's workers) never load half a file. Where the
+CPU is not x86-64 with AVX2 and FMA, no compiler is found ($CC, else cc) or the build fails,
+`decode_attention()` says why and the engine keeps torch's products: the kernel is a speed-up,
+never a requirement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .common import cpu_flags, user_cache_dir
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
+FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+MAX_GROUP, MAX_DIM = 16, 256  # as in the source
+BUILD_TIMEOUT = 120  # seconds; the file builds in under a second
+
+
+@dataclass(frozen=True)
+class Built:
+    """The outcome of a build: the kernel (None if none) and one line saying which path runs and why."""
+
+    kernel: DecodeAttention | None
+    why: str
+
+
+class DecodeAttention:
+    """csrc/decode_attention.c loaded: one call per layer of a decode step, every sequence at once,
+    over a bfloat16 pool or an int8 one with its scales."""
+
+    KINDS = {"bfloat16": (0, np.uint16), "int8": (1, np.int8)}  # pool kind -> (the kernel's code, stored dtype)
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        f = self.lib.decode_attention
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        f.argtypes = [i32, p, p, p, p, p, i64, p, p, i32, p, p, i32, i32, i32, ctypes.c_float, i32]
+        f.restype = i32
+        self._fn = f
+
+    @staticmethod
+    def takes(n_head: int, n_kv: int, head_dim: int) -> bool:
+        """Whether the kernel covers a decoder of these shapes."""
+        g = n_head // n_kv if n_kv else 0
+        return g * n_kv == n_head and 1 <= g <= MAX_GROUP and head_dim % 8 == 0 and 8 <= head_dim <= MAX_DIM
+
+    def __call__(self, k: np.ndarray, v: np.ndarray, slots, lengths, q: np.ndarray, *, scale: float, threads: int,
+                 scales: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """k, v: one layer of a pool [slots, Hkv, cap, D], bfloat16 bits (uint16) or int8 with
+        `scales` = (ks, vs [slots, Hkv, cap, 1], kc [slots, Hkv, 1, D]) as cache.KVPool keeps them;
+        sequence b's query q[b] [Hq, D] float32 attends to the first lengths[b] positions of slot
+        slots[b] -> [B, Hq, D] float32."""
+        kind = next((c for c, dt in self.KINDS.values() if k.dtype == dt), None)
+        if kind is None or v.dtype != k.dtype or k.shape != v.shape or k.ndim != 4:
+            raise ValueError(f"keys and values must be one pool layer [slots, Hkv, cap, D] of bfloat16 bits or int8, "
+                             f"got {k.dtype} {k.shape} and {v.dtype} {v.shape}")
+        n_slots, hkv, cap, d = k.shape
+        ks = vs = kc = None
+        if kind == 1:
+            if scales is None:
+                raise ValueError("int8 keys and values need their scales (ks, vs, kc)")
+            ks, vs, kc = scales
+            want = {"ks": (n_slots, hkv, cap, 1), "vs": (n_slots, hkv, cap, 1), "kc": (n_slots, hkv, 1, d)}
+            for name, a in zip(want, scales):
+                if a.dtype != np.float32 or a.shape != want[name] or not a.flags.c_contiguous:
+                    raise ValueError(f"{name} must be C-contiguous float32 {want[name]}, got {a.dtype} {a.shape}")
+        if not (k.flags.c_contiguous and v.flags.c_contiguous):
+            raise ValueError("the pool layer must be C-contiguous")
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        b = len(slots)
+        if q.ndim != 3 or q.shape[0] != b or q.shape[2] != d or not self.takes(q.shape[1], hkv, d):
+            raise ValueError(f"queries {q.shape} do not fit {b} sequences over {hkv} KV heads of {d}")
+        if lengths.shape != (b,) or b == 0 or slots.min() < 0 or slots.max() >= n_slots \
+                or lengths.min() < 1 or lengths.max() > cap:
+            raise ValueError(f"slots {slots.tolist()} / lengths {lengths.tolist()} out of the pool's "
+                             f"{n_slots} slots x {cap} positions")
+        out = np.empty_like(q)
+        ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        rc = self._fn(kind, ptr(k), ptr(v), ptr(ks), ptr(vs), ptr(kc), cap, ptr(slots), ptr(lengths), b, ptr(q),
+                      ptr(out), hkv, q.shape[1] // hkv, d, scale, max(1, threads))
+        if rc != 0:
+            raise MemoryError("decode attention: out of memory") if rc == -2 else \
+                RuntimeError(f"decode attention refused its shapes (code {rc})")
+        return out
+
+
+def build(cache_dir: Path, cc: str | None = None) -> Built:
+    """The kernel built (or found built) under cache_dir with compiler cc ($CC, else cc), or why not."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= cpu_flags():
+        return Built(None, "torch's products (the compiled kernel needs an x86-64 CPU with AVX2 and FMA)")
+    cc = cc or os.environ.get("CC") or "cc"
+    exe = shutil.which(cc)
+    if exe is None:
+        return Built(None, f"torch's products (no C compiler: {cc!r} not found; set CC to build the kernel)")
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=BUILD_TIMEOUT).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Built(None, f"torch's products ({cc} --version failed: {exc})")
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), exe, version]).encode()).hexdigest()[:16]
+    path = cache_dir / f"decode_attention-{key}.so"
+    if not path.exists():
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
+            os.close(fd)
+            done = subprocess.run([exe, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                return Built(None, f"torch's products ({cc} could not build {SOURCE.name}: {last})")
+            os.replace(tmp, path)  # whole or absent: another process may be loading it
+        except (OSError, subprocess.SubprocessError) as exc:
+            return Built(None, f"torch's products (building {SOURCE.name} in {cache_dir} failed: {exc})")
+    try:
+        kernel = DecodeAttention(path)
+    except OSError as exc:
+        return Built(None, f"torch's products ({path} does not load: {exc})")
+    return Built(kernel, f"the compiled AVX2 kernel ({path})")
+
+
+@functools.cache
+def decode_attention() -> Built:
+    """This process's kernel, built on first use in the user cache."""
+    return build(user_cache_dir() / "kernels")

@@ -1,0 +1,208 @@
+"""The compiled decode attention (engine/backends/native.py, csrc/decode_attention.c): attention
+over the widened bfloat16 keys to float32 rounding, a sequence's bits the same alone and in any
+batch, slot order or thread count, the shapes and inputs it refuses, and builds that cannot happen
+saying why (the engine then keeps torch's products)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import stat
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pantheon_ocr.engine import load_model  # noqa: E402
+from pantheon_ocr.engine.attention import TowerOptions  # noqa: E402
+from pantheon_ocr.engine.backends import native  # noqa: E402
+from pantheon_ocr.engine.backends.common import cpu_flags  # noqa: E402
+from pantheon_ocr.engine.ops import from_bf16_bits, to_bf16_bits  # noqa: E402
+
+from .conftest import LIGHTONOCR_TEXT  # noqa: E402
+
+
+def can_build_here() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= cpu_flags() \
+        and shutil.which(os.environ.get("CC") or "cc") is not None
+
+
+def kernel_or_skip() -> native.DecodeAttention:
+    built = native.decode_attention()
+    if built.kernel is None:
+        assert not can_build_here(), f"the kernel should build on this machine: {built.why}"
+        pytest.skip(built.why)
+    return built.kernel
+
+
+def pool_layer(slots: int, hkv: int, cap: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return tuple(to_bf16_bits(rng.standard_normal((slots, hkv, cap, d), dtype=np.float32) * 2) for _ in "kv")
+
+
+def reference(k, v, slot: int, n: int, q: np.ndarray, scale: float) -> np.ndarray:
+    """float64 softmax attention of q [Hq, D] over the widened keys of one slot."""
+    kk, vv = (from_bf16_bits(a[slot, :, :n]).astype(np.float64) for a in (k, v))  # [Hkv, n, D]
+    g = q.shape[0] // kk.shape[0]
+    kk, vv = np.repeat(kk, g, axis=0), np.repeat(vv, g, axis=0)  # query head h reads KV head h // g
+    s = np.einsum("hd,hnd->hn", q.astype(np.float64) * scale, kk)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("hn,hnd->hd", p / p.sum(-1, keepdims=True), vv)
+
+
+@pytest.mark.parametrize("d", [8, 16, 64, 128, 136])  # 136: by 32 columns, then by 8
+@pytest.mark.parametrize("g", [1, 2, 3, 7])
+@pytest.mark.parametrize("n", [1, 5, 8, 9, 300])
+def test_kernel_is_attention_over_the_widened_keys(d, g, n):
+    kernel = kernel_or_skip()
+    hkv, cap = 2, 304
+    k, v = pool_layer(3, hkv, cap, d, seed=d + g + n)
+    q = np.random.default_rng(n).standard_normal((2, hkv * g, d), dtype=np.float32)
+    got = kernel(k, v, [2, 0], [n, max(1, n - 1)], q, scale=d ** -0.5, threads=2)
+    for b, (slot, length) in enumerate([(2, n), (0, max(1, n - 1))]):
+        ref = reference(k, v, slot, length, q[b], d ** -0.5)
+        np.testing.assert_allclose(got[b], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def int8_pool_layer(slots: int, hkv: int, cap: int, d: int, seed: int):
+    """An int8 layer as cache.KVPool keeps it: values, per-position scales, per-channel key scales."""
+    rng = np.random.default_rng(seed)
+    k, v = (rng.integers(-127, 128, (slots, hkv, cap, d), dtype=np.int8) for _ in "kv")
+    ks, vs = (rng.uniform(0.001, 0.05, (slots, hkv, cap, 1)).astype(np.float32) for _ in "kv")
+    kc = rng.uniform(0.5, 4.0, (slots, hkv, 1, d)).astype(np.float32)
+    return k, v, (ks, vs, kc)
+
+
+@pytest.mark.parametrize("d", [16, 64, 136])
+@pytest.mark.parametrize("g", [1, 3])
+@pytest.mark.parametrize("n", [1, 9, 300])
+def test_int8_keys_are_attention_over_their_scaled_values(d, g, n):
+    """K = Kq ks[p] kc[c] and V = Vq vs[p] (cache.KVPool's int8 layout): the kernel puts kc on the
+    query, ks on the scores and vs on the weights, as torch_blocks.sequence_attention does."""
+    kernel = kernel_or_skip()
+    hkv, cap = 2, 304
+    k, v, (ks, vs, kc) = int8_pool_layer(3, hkv, cap, d, seed=n + d)
+    q = np.random.default_rng(g).standard_normal((1, hkv * g, d), dtype=np.float32)
+    got = kernel(k, v, [1], [n], q, scale=d ** -0.5, threads=2, scales=(ks, vs, kc))[0]
+    kk = (k[1, :, :n].astype(np.float64) * ks[1, :, :n] * kc[1])  # [Hkv, n, D]
+    vv = v[1, :, :n].astype(np.float64) * vs[1, :, :n]
+    kk, vv = np.repeat(kk, g, axis=0), np.repeat(vv, g, axis=0)
+    s = np.einsum("hd,hnd->hn", q[0].astype(np.float64) * d ** -0.5, kk)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = np.einsum("hn,hnd->hd", p / p.sum(-1, keepdims=True), vv)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_a_sequence_has_the_same_bits_alone_and_in_any_batch():
+    """The exactness the batched decode promises: a sequence's output does not depend on the other
+    sequences of the call, their order, or how many threads share the work."""
+    kernel = kernel_or_skip()
+    hkv, g, d, cap = 3, 3, 64, 320
+    k, v = pool_layer(6, hkv, cap, d, seed=7)
+    slots, lengths = [3, 0, 5, 1, 2], [1, 7, 64, 300, 301]
+    q = np.random.default_rng(8).standard_normal((5, hkv * g, d), dtype=np.float32)
+    alone = np.stack([kernel(k, v, [s], [n], q[b:b + 1], scale=0.125, threads=1)[0]
+                      for b, (s, n) in enumerate(zip(slots, lengths))])
+    for threads in (1, 2, 3, 8, 64, 200):
+        assert np.array_equal(kernel(k, v, slots, lengths, q, scale=0.125, threads=threads), alone), threads
+    order = [4, 2, 0, 3, 1]
+    mixed = kernel(k, v, [slots[i] for i in order], [lengths[i] for i in order], q[order], scale=0.125, threads=2)
+    assert np.array_equal(mixed, alone[order])
+    k8, v8, scales = int8_pool_layer(6, hkv, cap, d, seed=9)
+    alone = np.stack([kernel(k8, v8, [s], [n], q[b:b + 1], scale=0.125, threads=1, scales=scales)[0]
+                      for b, (s, n) in enumerate(zip(slots, lengths))])
+    for threads in (1, 2, 3):
+        assert np.array_equal(kernel(k8, v8, slots, lengths, q, scale=0.125, threads=threads, scales=scales), alone)
+
+
+def test_the_kernel_refuses_what_it_cannot_read():
+    kernel = kernel_or_skip()
+    k, v = pool_layer(2, 2, 16, 16, seed=1)
+    q = np.zeros((1, 4, 16), np.float32)
+    bad = [
+        dict(k=k.astype(np.float32)),  # not bfloat16 bits
+        dict(k=k[:, :, :8]),  # keys and values of different shapes
+        dict(v=v[:, :, ::2], k=k[:, :, ::2]),  # a strided view
+        dict(lengths=[17]),  # past the slot's capacity
+        dict(lengths=[0]),  # nothing to attend to
+        dict(slots=[2]),  # no such slot
+        dict(q=np.zeros((1, 5, 16), np.float32)),  # 5 query heads over 2 KV heads
+        dict(q=np.zeros((2, 4, 16), np.float32)),  # two queries for one sequence
+        dict(k=k.view(np.int8)[..., ::2].copy(), v=v.view(np.int8)[..., ::2].copy()),  # int8 without scales
+        dict(k=k.view(np.int16), v=v.view(np.int16)),  # another kind of 16-bit value
+    ]
+    for change in bad:
+        args = dict(k=k, v=v, slots=[1], lengths=[4], q=q) | change
+        with pytest.raises(ValueError):
+            kernel(args["k"], args["v"], args["slots"], args["lengths"], args["q"], scale=1.0, threads=1)
+    assert not native.DecodeAttention.takes(8, 2, 12)  # a head dimension not a multiple of 8
+    assert not native.DecodeAttention.takes(34, 2, 64)  # 17 query heads per KV head
+    assert native.DecodeAttention.takes(9, 3, 64)  # SmolLM2
+
+
+def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):
+    missing = native.build(tmp_path, cc="no-such-compiler-here")
+    assert missing.kernel is None and "no-such-compiler-here" in missing.why and "not found" in missing.why
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA")
+    broken = tmp_path / "cc-that-fails"
+    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'fatal: cannot write code' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
+    failed = native.build(tmp_path / "cache", cc=str(broken))
+    assert failed.kernel is None and "fatal: cannot write code" in failed.why
+    assert list((tmp_path / "cache").iterdir()) == []  # no half-written library left behind
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"sse2"}))
+    assert "AVX2" in native.build(tmp_path).why
+
+
+def test_a_build_is_made_once_and_reused(tmp_path):
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    first = native.build(tmp_path)
+    assert first.kernel is not None, first.why
+    made = first.kernel.path.stat().st_mtime_ns
+    again = native.build(tmp_path)
+    assert again.kernel.path == first.kernel.path and again.kernel.path.stat().st_mtime_ns == made
+    assert [p.name for p in tmp_path.iterdir()] == [first.kernel.path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "int8"])
+def test_the_decoder_takes_the_kernel_where_it_builds(kind):
+    """A bf16 decoder decodes over its bfloat16 or int8 pool with the kernel unless its tower says
+    not to; both paths agree to the bfloat16 rounding of torch's products (the kernel keeps queries
+    and weights in float32 where torch rounds them to bfloat16)."""
+    kernel_or_skip()
+    on = load_model(LIGHTONOCR_TEXT, weights="bf16").decoder
+    off = load_model(LIGHTONOCR_TEXT, weights="bf16", tower=TowerOptions(decode_kernel=False)).decoder
+    assert on.torch_blocks.kernel is not None and off.torch_blocks.kernel is None
+    prompt = list(range(3, 40))
+    rows = []
+    for d in (on, off):
+        st = d.new_state(64, d.new_pool(kind))
+        d.forward(st, prompt)
+        rows.append(np.stack([d.forward(st, [t])[0] for t in prompt[:6]]))
+    err = np.abs(rows[0] - rows[1]).max() / np.abs(rows[1]).max()
+    assert 0 < err <= 2e-2
+
+
+def test_the_plan_says_which_kv_cache_and_decode_attention_run(monkeypatch, tmp_path):
+    """auto with torch weights: the KV cache auto takes and the decode attention, each one note
+    (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no kernel."""
+    from pantheon_ocr.engine import loader
+    from pantheon_ocr.options import EngineOptions
+
+    monkeypatch.setattr(loader, "_params", lambda path: 600_000_000)
+    options = EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8")
+    built = native.decode_attention()
+    _, why = loader.plan_auto(options)
+    kv = "int8" if built.kernel else "bfloat16"
+    assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}"]
+    monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
+    _, why = loader.plan_auto(options)
+    assert why == ["KV cache: bfloat16 (torch's decode products read bfloat16 fastest)",
+                   "decode attention: torch's products (no compiler)"]
+    _, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8",
+                                            kv_dtype="float32"))
+    assert why == []

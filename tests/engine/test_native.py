@@ -148,7 +148,7 @@ def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):
     if not can_build_here():
         pytest.skip("needs an x86-64 CPU with AVX2 and FMA")
     broken = tmp_path / "cc-that-fails"
-    broken.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'fatal: cannot write code' >&2\nexit 1\n")
+    broken.write_text("#!/bin/sh\n[ \"$1\" = -v ] && exit 0\necho 'fatal: cannot write code' >&2\nexit 1\n")
     broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
     failed = native.build(tmp_path / "cache", cc=str(broken))
     assert failed.kernel is None and "fatal: cannot write code" in failed.why

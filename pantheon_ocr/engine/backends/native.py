@@ -113,9 +113,10 @@ def build(cache_dir: Path, cc: str | None = None) -> Built:
     if exe is None:
         return Built(None, f"torch's products (no C compiler: {cc!r} not found; set CC to build the kernel)")
     try:
-        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=BUILD_TIMEOUT).stdout
+        said = subprocess.run([exe, "-v"], capture_output=True, text=True, timeout=BUILD_TIMEOUT)  # gcc and clang
+        version = said.stdout + said.stderr  # name the build: another compiler or release builds anew
     except (OSError, subprocess.SubprocessError) as exc:
-        return Built(None, f"torch's products ({cc} --version failed: {exc})")
+        return Built(None, f"torch's products (asking {cc} its version failed: {exc})")
     key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), exe, version]).encode()).hexdigest()[:16]
     path = cache_dir / f"decode_attention-{key}.so"
     if not path.exists():

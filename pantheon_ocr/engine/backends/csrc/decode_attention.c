@@ -178,9 +178,9 @@ typedef struct {
  * scores; values are Vq[p, c] vs[p]: vs goes onto the softmax weights. */
 INLINE void head(const work_t *w, int b, int h, float *s, float *qs, int kind) {
     int g = w->g, D = w->dim, n = (int)w->n[b];
-    size_t cell = (size_t)w->slot[b] * w->hkv + h, first = cell * (size_t)w->cap * D, row = ((size_t)b * w->hkv + h) * g * D;
-    const void *K = kind == BF16 ? (const void *)((const uint16_t *)w->k + first) : (const void *)((const int8_t *)w->k + first);
-    const void *V = kind == BF16 ? (const void *)((const uint16_t *)w->v + first) : (const void *)((const int8_t *)w->v + first);
+    size_t cell = (size_t)w->slot[b] * w->hkv + h, row = ((size_t)b * w->hkv + h) * g * D;
+    size_t first = cell * (size_t)w->cap * D * (kind == BF16 ? 2 : 1); /* bytes to the head's first key */
+    const void *K = (const char *)w->k + first, *V = (const char *)w->v + first;
     for (int j = 0; j < g; j++)
         for (int c = 0; c < D; c++)
             qs[j * D + c] = w->q[row + (size_t)j * D + c] * w->scale * (kind == INT8 ? w->kc[cell * D + c] : 1.0f);

@@ -77,7 +77,7 @@ class Reader:
         PipelineOptions(out_dir=".", sampling=self.sampling, **self._pipeline_kw)  # every value checked now
         text, proj = resolve_model(model, mmproj)
         self.engine_options = EngineOptions(text, proj, **engine_kw)
-        threads = stage_threads(self.engine_options.threads, self._pipeline_kw.get("overlap", True))
+        threads = stage_threads(self.engine_options.threads, self._pipeline_kw.get("overlap"))
         if threads:
             set_threads(threads)
         self.engine, self.notes = load_page_engine(self.engine_options)

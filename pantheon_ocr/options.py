@@ -215,7 +215,9 @@ class PipelineOptions:
     password: str | None = option(None, "Password for encrypted PDFs.", kind="str")
     sampling: SamplingOptions = SamplingOptions()
     batch_size: int = option(8, "Pages decoded together.", lo=1, hi=256)
-    overlap: bool = option(True, "Run the vision stage on its own thread, overlapped with prefill and decode.")
+    overlap: bool | None = option(None, "Run the vision stage on its own thread, overlapped with prefill and decode "
+                                        "(default: where it pays: vision on a GPU or Core ML, or a small vision tower; "
+                                        "a large tower on the CPU runs in whole-core phases instead).", kind="bool")
     render_workers: int = option(2, "Processes rendering PDF pages.", lo=1)
     render_timeout: float = option(120.0, "Seconds before a stuck render is killed.", lo=0, lo_open=True, cli=False)
     page_timeout: float | None = option(None, "Fail a page whose vision + prefill + decode take longer (reason: "

@@ -140,9 +140,11 @@ class FakeEngine(WholePrompt):
         vision_sleep: float = 0.0,
         step_sleep: float = 0.0,
         on_step: Callable[[int], None] | None = None,
+        overlaps: bool = True,
     ):
         self.longest_edge = longest_edge
         self.hints = page_hints(longest_edge, 14)
+        self.overlaps = overlaps  # what the engine says of overlap (PipelineOptions.overlap None)
         self.n_tokens = n_tokens
         self.fail_vision, self.fail_prefill, self.loops = fail_vision, fail_prefill, loops
         self.loop_limit = loop_limit

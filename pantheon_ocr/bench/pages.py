@@ -53,7 +53,7 @@ class PageConfig:
     batch_size: int = _default(PipelineOptions, "batch_size")
     weights: str = _default(EngineOptions, "weights")
     flash: bool = _default(EngineOptions, "attention") == "flash"
-    overlap: bool = _default(PipelineOptions, "overlap")
+    overlap: bool | None = _default(PipelineOptions, "overlap")  # None: the engine's choice
     threads: int | None = _default(EngineOptions, "threads")  # math threads in all (None: every core)
     vision_backend: str = _default(EngineOptions, "vision_backend")
     kv_dtype: str = _default(EngineOptions, "kv_dtype")  # the KV pool's dtype (auto: by the weights)
@@ -66,7 +66,7 @@ class PageConfig:
                          f" kv={self.kv_dtype}" if self.kv_dtype != _default(EngineOptions, "kv_dtype") else "",
                          f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
-                f"overlap={'on' if self.overlap else 'off'}{th}{extra}")
+                f"overlap={ {None: 'auto', True: 'on', False: 'off'}[self.overlap]}{th}{extra}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,7 @@ class TimedEngine:
         self.inner = inner
         self.longest_edge = inner.longest_edge
         self.hints = inner.hints  # how the model cuts pages
+        self.overlaps = inner.overlaps
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
         self.decode_tokens = 0
         self.decode_steps = 0
@@ -241,6 +242,7 @@ def run_config(opts: dict, config: dict) -> dict:
             "decode_tok_s": engine.decode_tokens / engine.busy["decode"] if engine.busy["decode"] else 0.0,
             "mean_batch": engine.decode_tokens / engine.decode_steps if engine.decode_steps else 0.0,
             "max_decode_gap_s": engine.max_decode_gap,
+            "overlapped": engine.overlaps if c.overlap is None else c.overlap,  # what auto chose
             "busy_s": busy,
             "mean_page_s": {s: float(np.mean([p["seconds"][s] for p in ok])) if ok else 0.0 for s in STAGES},
             "load_s": load_s,
@@ -304,6 +306,7 @@ def format_table(results: list[dict], header: bool = True) -> str:
             f"{m['vision']:7.2f} {m['prefill']:7.2f} {m['decode']:7.2f} | {100 * b['vision'] / wall:11.0f} "
             f"{100 * b['prefill'] / wall:4.0f} {100 * b['decode'] / wall:4.0f} | {s['peak_rss_mb']:6.0f} MB "
             f"{s['load_avg_before']:5.1f}"
+            + (f"  (auto: overlap {'on' if s['overlapped'] else 'off'})" if r["config"]["overlap"] is None else "")
             + (f"  ({s['pages_failed']} failed)" if s["pages_failed"] else ""))
     return "\n".join(lines)
 

@@ -45,6 +45,10 @@ def _on_off(value: str, name: str) -> list[bool]:
     return [v == "on" for v in _choices(value, name, ("on", "off"))]
 
 
+def _auto_on_off(value: str, name: str) -> list[bool | None]:
+    return [{"auto": None, "on": True, "off": False}[v] for v in _choices(value, name, ("auto", "on", "off"))]
+
+
 def _threads(value: str | None) -> list[int | None]:
     return [None] if not value else _ints(value, "--threads")
 
@@ -171,8 +175,8 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
     sizes = _ints(batch_sizes, "--batch-size")
     kernels = tuple(_on_off(decode_kernel, "--decode-kernel"))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
-    click.echo(f"{'weights':9} {'kernel':6} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} {'x B=' + str(sizes[0]):>6} "
-               f"{'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
+    click.echo(f"{'weights':9} {'kernel':6} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} "
+               f"{'x B=' + str(sizes[0]):>6} {'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
         for st in _choices(weights, "--weights", STORAGE_MODES):
@@ -182,8 +186,8 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
             out.append(r)
             for row in r["rows"]:
                 kernel = "on" if row["kernel"] else "off"
-                click.echo(f"{st:9} {kernel:6} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} {row['tok_s']:7.1f} "
-                           f"{row['speedup_vs_first']:6.2f} "
+                click.echo(f"{st:9} {kernel:6} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} "
+                           f"{row['tok_s']:7.1f} {row['speedup_vs_first']:6.2f} "
                            f"{(format(row['roofline_tok_s'], '8.1f') if row.get('roofline_tok_s') else '       -')} "
                            f"{row['head_s']:7.3f} {r['peak_rss_mb']:6.0f} MB "
                            f"{r['load_avg_before']:5.1f}")
@@ -202,7 +206,8 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--batch-size", "batch_sizes", default=str(spec(PipelineOptions, "batch_size").default), show_default=True, help="e.g. 1,8")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True, help="e.g. quantized,f32,bf16")
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off", show_default=True, help="e.g. on,off")
-@click.option("--overlap", default="on" if spec(PipelineOptions, "overlap").default else "off", show_default=True, help="e.g. on,off")
+@click.option("--overlap", default={None: "auto", True: "on", False: "off"}[spec(PipelineOptions, "overlap").default],
+              show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
 @click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
 @table_options(EngineOptions, "vision_backend", "kv_dtype", "prefill_chunk")
 @table_options(SamplingOptions, "max_tokens")
@@ -237,7 +242,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
         batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
-        flash=_on_off(flash, "--flash"), overlap=_on_off(overlap, "--overlap"), threads=_threads(threads),
+        flash=_on_off(flash, "--flash"), overlap=_auto_on_off(overlap, "--overlap"), threads=_threads(threads),
         vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )
     if pages_per_config not in ("all", "auto"):

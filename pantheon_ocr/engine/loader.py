@@ -25,7 +25,8 @@ from .attention import TowerOptions
 if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
     from .format.weights import Storage
 
-PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:")  # notes that say what auto chose (the CLI shows why under -v)
+# notes that say what auto chose (the CLI shows why under -v)
+PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:")
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 # Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
 # numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).
@@ -42,6 +43,16 @@ def _params(path) -> int | None:
         return sum(math.prod(t.shape) for t in open_gguf(path).tensors.values())
     except (ModelError, OSError):
         return None
+
+
+def overlap_pays(vision_device: str, vision_params: int | None) -> bool:
+    """Whether a pipeline's vision stage pays running beside its CPU stage (what `--overlap` left at
+    its default does): where the vision runs off the CPU (a GPU, Core ML) or its tower is small
+    (the bundled reader: 146.9 vs 112.5 pages/min overlapped). A large tower on the CPU takes
+    whole-core phases: overlapped, each stage ran on half the cores and the pages reached the
+    decoder one vision apart (4 full pages x 1,000 tokens at the LightOnOCR-1B shapes, 2-core AVX2
+    EPYC: 938 s overlapped at a mean batch of 1.0, 752 s in phases at 4.0; docs/benchmarks.md)."""
+    return vision_device != "cpu" or (vision_params is not None and vision_params < SMALL_PARAMS)
 
 
 def _millions(n: int) -> str:
@@ -164,6 +175,8 @@ def load_page_engine(options: EngineOptions):
             notes.append(f"vision backend: {backend.name} on {backend.device} in {backend.dtype} ({backend.reason})")
         if backend.name == "numpy":
             backend = None  # the engine's own numpy path
+    vision_on = "cpu" if backend is None else backend.device
     engine = OCREngine(vlm, backend, gpu_prefill=o.gpu_prefill, gpu_decode=o.gpu_decode, device=device,
-                       ignore_eos=o.ignore_eos, prefill_chunk=o.prefill_chunk, kv_dtype=o.kv_dtype)
+                       ignore_eos=o.ignore_eos, prefill_chunk=o.prefill_chunk, kv_dtype=o.kv_dtype,
+                       overlaps=overlap_pays(vision_on, _params(o.mmproj)))
     return engine, notes

@@ -89,7 +89,7 @@ class OCREngine:
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False,
-                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "auto"):
+                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "auto", overlaps: bool = True):
         self.vlm = vlm
         self.prefill_chunk = prefill_chunk  # prompt tokens per prefill_step; None: the whole prompt
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
@@ -100,6 +100,7 @@ class OCREngine:
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
         self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
+        self.overlaps = overlaps  # its vision stage pays beside the CPU stage (loader.overlap_pays)
         self.kv_pool = vlm.decoder.new_pool(kv_kind(kv_dtype, vlm.decoder.storage))  # every sequence's K/V (cache.py)
         self.prefill_decoder = self.decode_decoder = vlm.decoder
         self.switches = None

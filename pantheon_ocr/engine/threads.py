@@ -47,6 +47,13 @@ def set_threads(threads: int) -> None:
     torch_threads()
 
 
+def adopt_threads() -> None:
+    """A new thread (a pipeline stage) takes the count set_threads last chose: OpenMP's and torch's
+    counts are per thread, and a thread that never set one runs with every core whatever the plan."""
+    if _chosen:
+        set_threads(_chosen)
+
+
 def current() -> int | None:
     """The count set_threads last set from the calling thread (None: never from this thread)."""
     return getattr(_local, "count", None)
@@ -69,16 +76,25 @@ def blas_env(threads: int) -> dict[str, str]:
     return {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def stage_threads(threads: int | None, overlap: bool) -> int:
+def stage_threads(threads: int | None, overlap: bool | None) -> int:
     """Math threads per pipeline stage. `threads` is the run's total (default: every core this
     process may use): with the vision stage overlapping the CPU stage, each gets half, so the two
     busy at once never want more threads than the machine has (oversubscribed BLAS threads spin
     against each other: 94 s instead of 33 s for the same pages on 2 cores); one stage at a time
-    gets them all. A stage running while the other holds no work takes them all (stage_share)."""
+    gets them all. A stage running while the other holds no work takes them all (stage_share).
+    overlap None (left to the engine, not built yet) plans as overlapping until `restage`."""
     global _shared, _total
     _total = threads or cpu_count()
-    _shared = overlap and _total > 1
+    _shared = overlap is not False and _total > 1
     return _half() if _shared else _total
+
+
+def restage(overlap: bool) -> None:
+    """The run's plan again once its stages know whether they overlap (the pipeline, after the
+    engine chose): every thread for the one stage at a time when they do not. A no-op when
+    nothing changes or no plan was made (stage_threads never called)."""
+    if _total and (overlap and _total > 1) != _shared:
+        set_threads(stage_threads(_total, overlap))
 
 
 def _half() -> int:

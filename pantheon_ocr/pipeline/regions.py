@@ -107,6 +107,7 @@ class SegmentedEngine:
         # input so lines can be cut from them.
         self.hints = ReadingHints(mode, h.line_height, h.line_width, h.page_edge, h.patch_size)
         self.longest_edge = h.page_edge
+        self.overlaps = engine.overlaps
 
     def vision(self, image: Image.Image) -> RegionFeatures:
         grey = np.asarray(image.convert("L"))

@@ -2,6 +2,7 @@
 
     feeder thread    RenderPool.imap(render_fn) in page order              -> render_q (bounded)
     vision thread    engine.vision(image)                                  -> features_q (bounded)
+                     (with overlap; else the cpu thread runs each page's vision, every core in turn)
     cpu thread       prefill + batched decode_step, continuous batching    -> results
 
 Every task ends as exactly one PageResult in `results` (failed pages included); a bug in a stage
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..engine.cancel import Cancelled, cancel_on
-from ..engine.threads import stage_share
+from ..engine.threads import adopt_threads, restage, stage_share
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
@@ -56,6 +57,8 @@ class Stages:
                  edge: int, tasks: Sequence[PageTask], stop: threading.Event):
         self.engine, self.options, self.pool, self.render_fn = engine, options, pool, render_fn
         self.edge, self.tasks, self.stop = edge, tasks, stop
+        # the vision stage on its own thread: as asked, else where the engine says it pays
+        self.overlap = engine.overlaps if options.overlap is None else options.overlap
         self.render_q: queue.Queue = queue.Queue(maxsize=options.render_queue)
         self.features_q: queue.Queue = queue.Queue(maxsize=options.features_queue)
         self.results: queue.Queue = queue.Queue()  # small items (text); drained continuously
@@ -70,8 +73,9 @@ class Stages:
         self._vision_done = False  # the vision stage has passed its last page: the CPU stage may take every core
 
     def start(self) -> None:
+        restage(self.overlap)  # a plan made before the engine chose, made again
         stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
-        if self.options.overlap:
+        if self.overlap:
             stages.insert(1, ("vision", self._vision_loop))
         for name, fn in stages:
             t = threading.Thread(target=self._guard, args=(fn,), name=f"pantheon-{name}", daemon=True)
@@ -86,6 +90,7 @@ class Stages:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _guard(self, fn: Callable[[], None]) -> None:
+        adopt_threads()  # a new thread: torch's and OpenMP's counts are per thread
         try:
             with cancel_on(self.stop):
                 fn()
@@ -189,7 +194,7 @@ class Stages:
         prefill is done and a slot is free, and leaves as soon as it is finished. A joining page's
         prompt goes one chunk (prefill_steps) per decode step, so the pages already decoding never
         wait for a whole prompt."""
-        source = self.features_q if self.options.overlap else self.render_q
+        source = self.features_q if self.overlap else self.render_q
         self._active: list[_Active] = []
         self._joining: _Active | None = None  # the page whose prompt is being prefilled
         try:
@@ -211,7 +216,7 @@ class Stages:
                     if page is END:
                         upstream_done = True
                         break
-                    if not self.options.overlap and not self._vision(page):
+                    if not self.overlap and not self._vision(page):
                         continue
                     self._joining = self._join(page)
                     if self._joining is None:
@@ -260,7 +265,7 @@ class Stages:
     def _cpu_share(self) -> None:
         """Before each prefill chunk and decode step: every core once the vision stage is done
         (a page that waited for its features starts its prompt with them, not with half)."""
-        if self.options.overlap:
+        if self.overlap:
             stage_share(alone=self._vision_done)
 
     def _join(self, page: _Page) -> _Active | None:

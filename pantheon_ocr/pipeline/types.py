@@ -47,6 +47,7 @@ class PageEngine(Protocol):
 
     longest_edge: int  # pages are rendered at this longest edge (px)
     hints: ReadingHints  # how the model wants its pages cut (segment mode, line height, ...)
+    overlaps: bool  # whether its vision stage pays running beside the CPU stage (PipelineOptions.overlap None)
 
     def vision(self, image: Image.Image) -> Any:
         """Vision stage: preprocess + encoder + projector. Runs on its own thread, concurrently

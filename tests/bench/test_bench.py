@@ -85,7 +85,8 @@ def test_cli_bench_pages_subprocess_json(tmp_path, capsys):
     _check_result(data[0], 2, 2)
     assert data[0]["config"]["weights"] == "quantized" and data[0]["config"]["flash"] is False
     assert data[0]["summary"]["peak_rss_mb"] > 0  # the child's own peak
-    assert "B=2 quantized flash=off overlap=on" in capsys.readouterr().out
+    assert "B=2 quantized flash=off overlap=auto" in capsys.readouterr().out  # the default
+    assert data[0]["summary"]["overlapped"] is True  # a small vision tower overlaps
 
 
 def test_cli_bench_pages_bad_lists():

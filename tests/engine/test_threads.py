@@ -23,3 +23,14 @@ def test_torch_gets_the_count_even_when_openmp_already_reads_it(monkeypatch):
     finally:
         monkeypatch.undo()
         threads.set_threads(before)
+
+
+def test_overlap_pays_off_the_cpu_or_with_a_small_tower():
+    """`--overlap` at its default: the vision stage overlaps where it runs on a GPU or Core ML, or
+    its tower is small; a large tower on the CPU runs in whole-core phases (loader.overlap_pays)."""
+    from pantheon_ocr.engine.loader import SMALL_PARAMS, overlap_pays
+
+    large, small = 400_000_000, 7_600_000
+    assert not overlap_pays("cpu", large)
+    assert overlap_pays("cpu", small) and overlap_pays("cuda:0", large) and overlap_pays("coreml:ALL", large)
+    assert not overlap_pays("cpu", None) and not overlap_pays("cpu", SMALL_PARAMS)

@@ -230,21 +230,46 @@ def overlapping(spans_a, spans_b) -> bool:
     return any(a0 < b1 and b0 < a1 for a0, a1, _ in spans_a for b0, b1, _ in spans_b)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_overlap_switch(tmp_path, overlap):
+@pytest.mark.parametrize("overlap,engine_says,overlapped", [(True, False, True), (False, True, False),
+                                                            (None, True, True), (None, False, False)])
+def test_overlap_switch(tmp_path, overlap, engine_says, overlapped):
+    """overlap on or off as asked; left to the engine (None, the default), as the engine says."""
     a = write_pdf(tmp_path / "in", "a.pdf", 6, doc_no=1)
-    engine = FakeEngine(vision_sleep=0.05, step_sleep=0.01, n_tokens=lambda f: 8)
+    engine = FakeEngine(vision_sleep=0.05, step_sleep=0.01, n_tokens=lambda f: 8, overlaps=engine_says)
     summary = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, overlap=overlap, batch_size=2))
     assert summary.documents[0].status == "written"
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, p) for p in range(1, 7)], n_tokens=8)
     vision_threads = {t for _, _, t in engine.vision_spans}
     decode_threads = {t for _, _, t in engine.decode_spans}
-    if overlap:
+    if overlapped:
         assert vision_threads == {"pantheon-vision"} and decode_threads == {"pantheon-cpu"}
         assert overlapping(engine.vision_spans, engine.decode_spans)
     else:
         assert vision_threads == decode_threads == {"pantheon-cpu"}
         assert not overlapping(engine.vision_spans, engine.decode_spans)
+
+
+def test_a_run_left_to_the_engine_plans_its_threads_again(tmp_path):
+    """Planned before the engine exists (overlap None: as if overlapping, half each), the run
+    gives the one stage at a time every thread once the engine says the stages do not overlap."""
+    from pantheon_ocr.engine import threads
+
+    seen = []
+
+    class Counting(FakeEngine):
+        def vision(self, image):
+            seen.append(threads.current())
+            return super().vision(image)
+
+    a = write_pdf(tmp_path / "in", "a.pdf", 2, doc_no=1)
+    try:
+        assert threads.stage_threads(2, overlap=None) == 1
+        threads.set_threads(1)
+        summary = run_pipeline(expand_inputs([str(a)]), Counting(overlaps=False), options(tmp_path))
+    finally:
+        threads.set_threads(threads.stage_threads(None, overlap=False))
+    assert summary.documents[0].status == "written"
+    assert seen == [2, 2]
 
 
 def test_a_stage_with_the_other_idle_takes_every_core(tmp_path):

@@ -43,6 +43,7 @@ class StubEngine(WholePrompt):
 
     longest_edge = 1400
     hints = ReadingHints("lines", 28, 1400, 2200, 14)
+    overlaps = True
 
     def __init__(self):
         self.batches = []

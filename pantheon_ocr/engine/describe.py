@@ -11,6 +11,7 @@ def describe(path: str) -> dict:
     """Architecture, config, tensors, parameter count, weight types and memory per storage mode
     of one GGUF (a decoder or an mmproj). Building the decoder validates every tensor."""
     from .format.gguf import meta, open_gguf
+    from .loader import tensor_params
 
     gf = open_gguf(path)
     arch = meta(gf, "general.architecture", str)
@@ -28,7 +29,7 @@ def describe(path: str) -> dict:
         if "tokenizer.ggml.model" in gf.metadata:
             load_tokenizer(gf)  # its metadata is checked like a load checks it
     types = Counter(t.qtype.name for t in gf.tensors.values())
-    n_params = sum(math.prod(t.shape) for t in gf.tensors.values())
+    n_params = tensor_params(gf)
     on_disk = sum(t.n_bytes for t in gf.tensors.values())
     # f32 mode: every non-F32 tensor is decoded to 4 bytes per value; F32 ones stay mapped.
     f32 = sum(math.prod(t.shape) * 4 for t in gf.tensors.values())

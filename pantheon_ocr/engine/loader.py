@@ -40,9 +40,14 @@ def _params(path) -> int | None:
     from .format.gguf import open_gguf
 
     try:
-        return sum(math.prod(t.shape) for t in open_gguf(path).tensors.values())
+        return tensor_params(open_gguf(path))
     except (ModelError, OSError):
         return None
+
+
+def tensor_params(gf) -> int:
+    """Parameters of an open GGUF file: the sum of its tensors' element counts."""
+    return sum(math.prod(t.shape) for t in gf.tensors.values())
 
 
 def overlap_pays(vision_device: str, vision_params: int | None) -> bool:
@@ -178,5 +183,5 @@ def load_page_engine(options: EngineOptions):
     vision_on = "cpu" if backend is None else backend.device
     engine = OCREngine(vlm, backend, gpu_prefill=o.gpu_prefill, gpu_decode=o.gpu_decode, device=device,
                        ignore_eos=o.ignore_eos, prefill_chunk=o.prefill_chunk, kv_dtype=o.kv_dtype,
-                       overlaps=overlap_pays(vision_on, _params(o.mmproj)))
+                       overlaps=overlap_pays(vision_on, tensor_params(vlm.mmproj)))  # the file is open
     return engine, notes

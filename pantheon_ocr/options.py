@@ -33,6 +33,7 @@ ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or 
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
 FORMATS = ("md", "jsonl", "txt")
 TEXT_LAYER_MODES = ("ocr", "prefer", "fallback")  # what a PDF's own text layer is used for
+OVERLAP_WORDS = {None: "auto", True: "on", False: "off"}  # PipelineOptions.overlap as the benchmarks spell it
 MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
 PREFILL_CHUNK = 512  # prompt tokens per prefill step: a Letter page's ~2,330-token prompt is 5 chunks
 

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..options import EngineOptions, PipelineOptions, SamplingOptions, spec
+from ..options import OVERLAP_WORDS, EngineOptions, PipelineOptions, SamplingOptions, spec
 from ..pipeline.types import STAGES, PageEngine
 
 
@@ -66,7 +66,7 @@ class PageConfig:
                          f" kv={self.kv_dtype}" if self.kv_dtype != _default(EngineOptions, "kv_dtype") else "",
                          f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
-                f"overlap={ {None: 'auto', True: 'on', False: 'off'}[self.overlap]}{th}{extra}")
+                f"overlap={OVERLAP_WORDS[self.overlap]}{th}{extra}")
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def format_table(results: list[dict], header: bool = True) -> str:
             f"{m['vision']:7.2f} {m['prefill']:7.2f} {m['decode']:7.2f} | {100 * b['vision'] / wall:11.0f} "
             f"{100 * b['prefill'] / wall:4.0f} {100 * b['decode'] / wall:4.0f} | {s['peak_rss_mb']:6.0f} MB "
             f"{s['load_avg_before']:5.1f}"
-            + (f"  (auto: overlap {'on' if s['overlapped'] else 'off'})" if r["config"]["overlap"] is None else "")
+            + (f"  (auto: overlap {OVERLAP_WORDS[s['overlapped']]})" if r["config"]["overlap"] is None else "")
             + (f"  ({s['pages_failed']} failed)" if s["pages_failed"] else ""))
     return "\n".join(lines)
 

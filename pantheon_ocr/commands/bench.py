@@ -19,7 +19,8 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from ..options import STORAGE_MODES, WEIGHT_CHOICES, EngineOptions, PipelineOptions, SamplingOptions, spec
+from ..options import (OVERLAP_WORDS, STORAGE_MODES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
+                       SamplingOptions, spec)
 from .options import table_options
 
 
@@ -45,8 +46,9 @@ def _on_off(value: str, name: str) -> list[bool]:
     return [v == "on" for v in _choices(value, name, ("on", "off"))]
 
 
-def _auto_on_off(value: str, name: str) -> list[bool | None]:
-    return [{"auto": None, "on": True, "off": False}[v] for v in _choices(value, name, ("auto", "on", "off"))]
+def _overlaps(value: str) -> list[bool | None]:
+    setting = {word: v for v, word in OVERLAP_WORDS.items()}
+    return [setting[v] for v in _choices(value, "--overlap", tuple(setting))]
 
 
 def _threads(value: str | None) -> list[int | None]:
@@ -206,7 +208,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--batch-size", "batch_sizes", default=str(spec(PipelineOptions, "batch_size").default), show_default=True, help="e.g. 1,8")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True, help="e.g. quantized,f32,bf16")
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off", show_default=True, help="e.g. on,off")
-@click.option("--overlap", default={None: "auto", True: "on", False: "off"}[spec(PipelineOptions, "overlap").default],
+@click.option("--overlap", default=OVERLAP_WORDS[spec(PipelineOptions, "overlap").default],
               show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
 @click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
 @table_options(EngineOptions, "vision_backend", "kv_dtype", "prefill_chunk")
@@ -242,7 +244,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
         batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
-        flash=_on_off(flash, "--flash"), overlap=_auto_on_off(overlap, "--overlap"), threads=_threads(threads),
+        flash=_on_off(flash, "--flash"), overlap=_overlaps(overlap), threads=_threads(threads),
         vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )
     if pages_per_config not in ("all", "auto"):

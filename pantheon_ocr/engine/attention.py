@@ -43,7 +43,7 @@ class TowerOptions:
     # sizes asked), called with attend's arguments minus the positions: the decoder sets torch's
     # when its matmuls run in torch
     causal_chunk: Callable[..., np.ndarray] | None = None
-    # decode attention over a bfloat16 pool in the compiled kernel where it builds (backends/native.py);
+    # decode attention over a bfloat16 or int8 pool in the compiled kernel where it builds (backends/native.py);
     # False keeps torch's products (a benchmark or test of that path)
     decode_kernel: bool = True
 

@@ -19,9 +19,10 @@ attention by blocks of queries as bfloat16 products (`causal_block_attention`); 
 the numpy cache's own chunk attention (KVCache.attend_chunk, torch's fused kernel in float32).
 
 K/V stay in the engine's numpy pool (cache.KVPool, written through `KVCache.write` as on the numpy
-path). A decode step over a bfloat16 pool (auto's) runs its attention for every sequence in one call
-of the compiled kernel (native.py, csrc/decode_attention.c: keys widened in registers, float32
-queries and weights; 0.53 against 1.6 ms per layer and sequence at 2,336 positions on an AVX2 EPYC);
+path). A decode step over a bfloat16 or int8 pool (auto's: int8 where the kernel builds) runs its
+attention for every sequence in one call of the compiled kernel (native.py, csrc/decode_attention.c:
+keys widened in registers, float32 queries and weights; over bfloat16 keys 0.53 against 1.6 ms per
+layer and sequence at 2,336 positions on an AVX2 EPYC);
 where it does not build, and over other pools, attention reads the slot as torch views: float32 as
 is, bfloat16 (stored as its bits) as bfloat16 products with float32 accumulation, float16 widened to
 float32, int8 widened to bfloat16 (exact: |q| <= 127) with its channel scales on the query and its
@@ -90,7 +91,7 @@ class TorchBlocks:
         elif not DecodeAttention.takes(c.n_head, c.n_head_kv, c.head_dim):
             self.kernel, self.why = None, (f"torch's products (the kernel does not take {c.n_head} query heads over "
                                            f"{c.n_head_kv} KV heads of {c.head_dim})")
-        else:  # decode attention over bfloat16 pools, every sequence at once
+        else:  # decode attention over bfloat16 and int8 pools, every sequence at once
             built = decode_attention()
             self.kernel, self.why = built.kernel, built.why
 

@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,6 +167,37 @@ def test_a_build_is_made_once_and_reused(tmp_path):
     again = native.build(tmp_path)
     assert again.kernel.path == first.kernel.path and again.kernel.path.stat().st_mtime_ns == made
     assert [p.name for p in tmp_path.iterdir()] == [first.kernel.path.name]  # no temporary file left
+
+
+def test_the_kernel_runs_on_torchs_openmp_threads(tmp_path):
+    """Built with OpenMP, the library's libgomp is the one torch loaded: its threads are torch's
+    pool, not a second set waiting for the cores that torch's spinning threads hold."""
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    built = native.build(tmp_path)
+    assert built.kernel is not None and "torch's OpenMP threads" in built.why, built.why
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # Linux: one OpenMP runtime in the process
+        gomp = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line}
+        assert len(gomp) == 1, gomp
+
+
+def test_a_compiler_without_openmp_builds_with_threads_of_its_own(tmp_path):
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    cc = tmp_path / "cc-without-openmp"  # refuses -fopenmp, as Apple's clang does
+    cc.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "unsupported option -fopenmp" >&2; '
+                  'exit 1; }; done\nexec cc "$@"\n')
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    built = native.build(tmp_path / "cache", cc=str(cc))
+    assert built.kernel is not None and "no OpenMP" in built.why, built.why
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [built.kernel.path.name]
+    rng = np.random.default_rng(3)
+    k, v = (rng.standard_normal((1, 2, 16, 16), dtype=np.float32) for _ in range(2))
+    q = rng.standard_normal((1, 4, 16), dtype=np.float32)
+    kb, vb = (to_bf16_bits(a) for a in (k, v))
+    got = built.kernel(kb, vb, [0], [16], q, scale=0.25, threads=2)
+    assert np.array_equal(got, native.decode_attention().kernel(kb, vb, [0], [16], q, scale=0.25, threads=2))
 
 
 @pytest.mark.parametrize("kind", ["bfloat16", "int8"])

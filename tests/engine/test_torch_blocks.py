@@ -206,3 +206,19 @@ def test_benchmarks_of_the_numpy_kernels_prefill_in_numpy():
                             (TowerOptions(q_block=32), False)):
         d = Decoder(gf, decoder_config(gf), "bf16", tower)
         assert d.torch_blocks is not None and d.torch_blocks.prefills is prefills
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("head_dim,pairs", [(64, 32), (128, 64), (64, 16)])  # (64, 16): a quarter of the head turns
+def test_rope_has_the_bits_of_the_reference_rotation(neox, head_dim, pairs):
+    """The decode step's RoPE (one expression over full-width angles) is ops.apply_rope bit for bit."""
+    from pantheon_ocr.engine.ops import apply_rope, rope_angles
+
+    rng = np.random.default_rng(head_dim + pairs + neox)
+    freqs = 10000.0 ** (-np.arange(pairs) / pairs)
+    positions = np.array([0, 5, 2047, 40000])
+    x = torch.from_numpy(rng.standard_normal((4, 3, head_dim), dtype=np.float32) * 4)
+    rope = torch_blocks.Rope.of(positions, freqs, head_dim, neox)
+    assert (rope.full is None) == (2 * pairs != head_dim)
+    cos, sin = (torch.from_numpy(a) for a in rope_angles(positions, freqs))
+    assert torch.equal(rope(x), apply_rope(x, cos, sin, neox))

@@ -99,7 +99,7 @@ class TorchBlocks:
         """x [N, n_embd] float32, the rows of `rows` (one per sequence in a decode step, a chunk of
         each sequence's prompt otherwise) through every layer; stores each layer's k/v in the
         sequences' caches. Returns the last layer's output [N, n_embd]."""
-        cos, sin = (torch.from_numpy(a) for a in rope_angles(rows.positions / self.cfg.rope_linear_scale, self.freqs))
+        rope = Rope.of(rows.positions / self.cfg.rope_linear_scale, self.freqs, self.cfg.head_dim, self.cfg.rope_neox)
         hook = self.tower.on_layer
         with torch.inference_mode():
             h = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # [B, n_embd]
@@ -107,7 +107,7 @@ class TorchBlocks:
                 if not rows.decode:
                     check_cancelled()  # a stopped run does not wait for the rest of a long prompt
                 t0 = _now() if hook else 0.0
-                h = h + self.attention(i, layer, self.norm(h, layer.attn_norm), cos, sin, rows)
+                h = h + self.attention(i, layer, self.norm(h, layer.attn_norm), rope, rows)
                 h = h + self.ffn(layer, self.norm(h, layer.ffn_norm), rows.decode)
                 if hook:
                     hook(i, _now() - t0)
@@ -120,20 +120,27 @@ class TorchBlocks:
         """ops.rmsnorm in torch: x / sqrt(mean(x^2) + eps) * weight over the last axis."""
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.cfg.eps) * weight
 
+    @staticmethod
+    def rows_in(h: torch.Tensor, exact: bool) -> torch.Tensor:
+        """A decode step's input rows to the projections that share them (q, k, v; gate, up), rounded
+        to bfloat16 once: each exact-rows product rounds its rows so (torch_weights.linear)."""
+        return h.to(torch.bfloat16) if exact else h
+
     def linear(self, x: torch.Tensor, w: Weight, bias: torch.Tensor | None, exact: bool) -> torch.Tensor:
         """x [M, in] float32 @ w.T as Weight.matmul computes it; exact: each row's bits independent of M."""
         y = w.linear(x, exact_rows=exact)
         return y if bias is None else y + bias
 
-    def attention(self, i: int, layer: _Layer, h: torch.Tensor, cos, sin, rows: Rows) -> torch.Tensor:
+    def attention(self, i: int, layer: _Layer, h: torch.Tensor, rope: Rope, rows: Rows) -> torch.Tensor:
         c, n, exact = self.cfg, h.shape[0], rows.decode
+        h = self.rows_in(h, exact)
         q = self.linear(h, layer.attn_q, layer.attn_q_bias, exact).view(n, c.n_head, c.head_dim)  # [N, Hq, D]
         k = self.linear(h, layer.attn_k, layer.attn_k_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
         v = self.linear(h, layer.attn_v, layer.attn_v_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
         if c.qk_norm:
             q = self.norm(q, layer.attn_q_norm)
             k = self.norm(k, layer.attn_k_norm)
-        q, k = apply_rope(q, cos, sin, c.rope_neox), apply_rope(k, cos, sin, c.rope_neox)
+        q, k = rope(q), rope(k)
         kn, vn = k.numpy().transpose(1, 0, 2), v.numpy().transpose(1, 0, 2)  # [Hkv, N, D] views
         scale = c.head_dim ** -0.5
         attend = self.decode_attention if rows.decode else self.prompt_attention
@@ -176,8 +183,43 @@ class TorchBlocks:
                             for b, s in enumerate(states)])
 
     def ffn(self, layer: _Layer, h: torch.Tensor, exact: bool) -> torch.Tensor:
+        h = self.rows_in(h, exact)
         gate, up = self.linear(h, layer.ffn_gate, None, exact), self.linear(h, layer.ffn_up, None, exact)
         return self.linear(F.silu(gate) * up, layer.ffn_down, None, exact)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE at one step's positions. Where it turns the whole head (the decoders here), as
+    x * cos + rotate(x) * sin over full-width angle rows: 5 torch operations per tensor instead of
+    ops.apply_rope's 12 (its halves written into a copy), with the same bits: x0 c + (-x1) s is
+    x0 c - x1 s exactly, and x1 c + x0 s is x0 s + x1 c."""
+
+    cos: torch.Tensor  # [T, R] float32, R = rotated pairs
+    sin: torch.Tensor
+    neox: bool
+    full: tuple[torch.Tensor, torch.Tensor] | None  # [T, 1, D] angle rows when 2R = D, else None
+
+    @classmethod
+    def of(cls, positions: np.ndarray, freqs: np.ndarray, head_dim: int, neox: bool) -> Rope:
+        cos, sin = (torch.from_numpy(a) for a in rope_angles(positions, freqs))
+        full = None
+        if 2 * cos.shape[-1] == head_dim:  # pairs (i, i + R) or (2i, 2i + 1) -> one angle per element
+            widen = (lambda a: torch.cat([a, a], -1)) if neox else (lambda a: a.repeat_interleave(2, -1))
+            full = (widen(cos)[:, None, :], widen(sin)[:, None, :])
+        return cls(cos, sin, neox, full)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] rotated -> a new tensor."""
+        if self.full is None:  # part of the head turns: the reference code
+            return apply_rope(x, self.cos, self.sin, self.neox)
+        c, s = self.full
+        r = x.shape[-1] // 2
+        if self.neox:
+            turned = torch.cat([-x[..., r:], x[..., :r]], -1)  # (-x1, x0)
+        else:
+            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)  # (-x[2i+1], x[2i]) pairs
+        return x * c + turned * s
 
 
 _MATRICES = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})

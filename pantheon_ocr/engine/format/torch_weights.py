@@ -78,14 +78,14 @@ def float32_product(data, x):
 
 
 def linear(data, x, exact_rows: bool = False):
-    """x [M, in] torch float32 @ W.T -> [M, out] torch float32, through bfloat16. exact_rows: each
-    row's bits independent of M: one call for any M >= 2 where the kernel keeps rows apart (a lone
+    """x [M, in] torch float32 (or already bfloat16) @ W.T -> [M, out] torch float32, through
+    bfloat16. exact_rows: each row's bits independent of M: one call for any M >= 2 where the kernel keeps rows apart (a lone
     row gets a zero partner: oneDNN picks another kernel at M = 1), else blocks of ROW_BLOCK rows.
     A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
     m = x.shape[0]
     if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16():
         return float32_product(data, x)
-    xb = x.to(torch.bfloat16)
+    xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # rows already rounded: shared by projections
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:
         y = op(xb)

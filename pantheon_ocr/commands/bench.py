@@ -165,7 +165,7 @@ def _ocr_line(r: dict, header: bool) -> None:
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
 @table_options(EngineOptions, "kv_dtype")
 @click.option("--decode-kernel", default="on", show_default=True,
-              help="Decode attention over bfloat16 keys: on = the compiled kernel where it builds, off = torch's "
+              help="Decode attention over bfloat16 or int8 keys: on = the compiled kernel where it builds, off = torch's "
                    "products; on,off takes turns step by step.")
 @click.option("--in-process", is_flag=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))

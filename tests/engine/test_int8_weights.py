@@ -30,6 +30,21 @@ def test_int8_rows_quantize_each_row_to_its_own_scale():
     assert (q.numpy()[5] == 0).all() and np.abs(q.numpy()).max() == 127
 
 
+def test_a_matrix_quantized_block_by_block_has_the_bits_of_the_whole(monkeypatch):
+    """At load a matrix is decoded and quantized QUANTIZE_ROWS rows at a time (a few MB of float32,
+    not the whole embedding): the same int8 values and scales as quantizing it whole."""
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    monkeypatch.setattr(TW, "QUANTIZE_ROWS", 7)
+    w = np.random.default_rng(1).standard_normal((50, 32)).astype(np.float32)
+    raw = w.view(np.uint8)  # [rows, row bytes], as a file's F32 tensor
+    calls = []
+    q, scale = TW.int8_rows_of(raw, lambda rows: calls.append(len(rows)) or rows.view(np.float32))
+    assert calls == [7] * 7 + [1]
+    whole = int8_rows(w)
+    assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
+
+
 def test_int8_weights_batch_rows_are_exact():
     model = load_model(LIGHTONOCR_TEXT, weights="int8")
     assert model.decoder.torch_blocks is not None

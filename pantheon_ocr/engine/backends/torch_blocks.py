@@ -38,7 +38,7 @@ import numpy as np
 
 from ..cache import KVPool, Rows
 from ..cancel import check as check_cancelled
-from ..format.weights import Weight
+from ..format.weights import Weight, stack_rows
 from ..memory import TRIM_EVERY, release_free_memory
 from ..ops import apply_rope, rope_angles
 from .common import cpu_has_bf16, require_torch
@@ -68,6 +68,8 @@ class _Layer:
     ffn_gate: Weight
     ffn_up: Weight
     ffn_down: Weight
+    attn_qkv: Weight | None  # q, k, v rows stacked (weights.stack_rows) where the matrices are copies
+    ffn_gate_up: Weight | None  # gate, up rows stacked
 
 
 def _vec(a: np.ndarray | None) -> torch.Tensor | None:
@@ -82,8 +84,7 @@ class TorchBlocks:
         self.cfg, self.freqs, self.tower = decoder.cfg, decoder.freqs, decoder.tower
         t = decoder.tower  # naive attention or tile sizes: a reference or a benchmark of the numpy kernels
         self.prefills = t.attention == "flash" and t.q_block is None and t.kv_block is None
-        self.layers = [_Layer(**{name: (getattr(layer, name) if name in _MATRICES else _vec(getattr(layer, name)))
-                                 for name in _Layer.__dataclass_fields__}) for layer in decoder.layers]
+        self.layers = [_layer(layer) for layer in decoder.layers]
         self.steps = 0
         c = self.cfg
         if not t.decode_kernel:
@@ -133,10 +134,10 @@ class TorchBlocks:
 
     def attention(self, i: int, layer: _Layer, h: torch.Tensor, rope: Rope, rows: Rows) -> torch.Tensor:
         c, n, exact = self.cfg, h.shape[0], rows.decode
-        h = self.rows_in(h, exact)
-        q = self.linear(h, layer.attn_q, layer.attn_q_bias, exact).view(n, c.n_head, c.head_dim)  # [N, Hq, D]
-        k = self.linear(h, layer.attn_k, layer.attn_k_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
-        v = self.linear(h, layer.attn_v, layer.attn_v_bias, exact).view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
+        q, k, v = self.qkv(layer, self.rows_in(h, exact), exact)
+        q = q.view(n, c.n_head, c.head_dim)  # [N, Hq, D]
+        k = k.view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
+        v = v.view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
         if c.qk_norm:
             q = self.norm(q, layer.attn_q_norm)
             k = self.norm(k, layer.attn_k_norm)
@@ -146,6 +147,15 @@ class TorchBlocks:
         attend = self.decode_attention if rows.decode else self.prompt_attention
         out = attend(i, rows, q, kn, vn, scale)  # [N, Hq, D]
         return self.linear(out.view(n, c.n_head * c.head_dim), layer.attn_output, layer.attn_output_bias, exact)
+
+    def qkv(self, layer: _Layer, h: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [N, qd], k and v [N, kvd] of the rows h: one product where the layer's matrices are stacked."""
+        biases = (layer.attn_q_bias, layer.attn_k_bias, layer.attn_v_bias)
+        if layer.attn_qkv is None:
+            return tuple(self.linear(h, w, b, exact) for w, b in zip((layer.attn_q, layer.attn_k, layer.attn_v), biases))
+        parts = self.linear(h, layer.attn_qkv, None, exact).split([layer.attn_q.shape[0], layer.attn_k.shape[0],
+                                                                   layer.attn_v.shape[0]], dim=1)
+        return tuple(y if b is None else y + b for y, b in zip(parts, biases))
 
     def prompt_attention(self, i: int, rows: Rows, q: torch.Tensor, kn: np.ndarray, vn: np.ndarray,
                          scale: float) -> torch.Tensor:
@@ -184,7 +194,10 @@ class TorchBlocks:
 
     def ffn(self, layer: _Layer, h: torch.Tensor, exact: bool) -> torch.Tensor:
         h = self.rows_in(h, exact)
-        gate, up = self.linear(h, layer.ffn_gate, None, exact), self.linear(h, layer.ffn_up, None, exact)
+        if layer.ffn_gate_up is None:
+            gate, up = self.linear(h, layer.ffn_gate, None, exact), self.linear(h, layer.ffn_up, None, exact)
+        else:
+            gate, up = self.linear(h, layer.ffn_gate_up, None, exact).split(layer.ffn_gate.shape[0], dim=1)
         return self.linear(F.silu(gate) * up, layer.ffn_down, None, exact)
 
 
@@ -223,6 +236,19 @@ class Rope:
 
 
 _MATRICES = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"})
+_STACKS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+
+
+def _layer(layer) -> _Layer:
+    """A decoder layer's tensors for the torch chain; its q/k/v and gate/up stacked into one matrix
+    each where they are copies (int8, or bf16 from another type), not views of the file's map (a
+    stack of those would copy them: more memory, not less)."""
+    fields = {name: (getattr(layer, name) if name in _MATRICES else _vec(getattr(layer, name)))
+              for name in _Layer.__dataclass_fields__ if name not in _STACKS}
+    for name, parts in _STACKS.items():
+        ws = [getattr(layer, p) for p in parts]
+        fields[name] = stack_rows(ws[0].name.replace(parts[0], name), ws) if all(w.copied for w in ws) else None
+    return _Layer(**fields)
 
 
 def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Tensor, *, scale: float) -> torch.Tensor:

@@ -54,6 +54,17 @@ def int8_rows(dense: np.ndarray):
     return q, scale
 
 
+QUANTIZE_ROWS = 4096  # rows decoded and quantized at a time at load: a few MB of float32, not the whole matrix
+
+
+def int8_rows_of(raw: np.ndarray, decode) -> tuple:
+    """`int8_rows` of a matrix whose rows raw [out, row_bytes] `decode` turns into float32, block by
+    block of QUANTIZE_ROWS rows (the same bits: each row is its own): a 151,936 x 1,024 embedding
+    decoded whole was ~2 GB of float32 temporaries at load."""
+    blocks = [int8_rows(decode(raw[r:r + QUANTIZE_ROWS])) for r in range(0, raw.shape[0], QUANTIZE_ROWS)]
+    return torch.cat([q for q, _ in blocks]), torch.cat([s for _, s in blocks])
+
+
 def product(data, m: int = 1):
     """The bfloat16 product x [m, in] -> x @ W.T [m, out] of a bf16 matrix or an int8 (q, scale)
     pair. int8 at more than ROW_BLOCK rows (a prompt; never a decode step, whose rows must not
@@ -146,6 +157,22 @@ def rows_f32(data, ids: np.ndarray) -> np.ndarray:
             q, scale = data
             return (q[idx].float() * scale[idx].float()[:, None]).numpy()
         return data[idx].float().numpy()
+
+
+def stack(datas: list):
+    """The rows of several matrices of one storage, in order, as one: bf16 tensors or int8 (q, scale) pairs."""
+    if all(isinstance(d, tuple) for d in datas):
+        return torch.cat([q for q, _ in datas]), torch.cat([s for _, s in datas])
+    if any(isinstance(d, tuple) for d in datas):
+        raise ValueError("cannot stack int8 rows with bf16 ones")
+    return torch.cat(datas)
+
+
+def row_views(data, sizes: list[int]) -> list:
+    """`data`'s rows cut into consecutive pieces of `sizes` rows: views, nothing copied."""
+    if isinstance(data, tuple):
+        return list(zip(data[0].split(sizes), data[1].split(sizes)))
+    return list(data.split(sizes))
 
 
 def nbytes(data) -> int:

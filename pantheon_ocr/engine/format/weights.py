@@ -69,10 +69,10 @@ class Weight:
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
         elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here
-            from .torch_weights import int8_rows
+            from .torch_weights import int8_rows_of
 
             self.copied = True
-            self._data = int8_rows(dequantize(raw, qtype).reshape(shape))
+            self._data = int8_rows_of(raw.reshape(shape[0], -1), lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
             self.copied = qtype != Q.F32
@@ -156,6 +156,28 @@ class Weight:
 
     def __repr__(self) -> str:
         return f"Weight({self.name!r}, {self.qtype.name}, {self.shape}, {self.storage})"
+
+
+def stack_rows(name: str, parts: Sequence[Weight]) -> Weight:
+    """Matrices that multiply the same input rows (q, k and v; gate and up), int8 or copied bf16,
+    as one Weight of their rows in order [sum of outs, in]: one product instead of len(parts), each
+    product a fixed cost of its own (SmolLM2 at one row: 30 layers' q/k/v and gate/up in 3.3 ms as
+    two products a layer against 3.8-4.2 ms as five, 2 threads). Each part's data becomes a view of
+    its rows of the stack, so the rows are held once; a part keeps multiplying as before."""
+    from .torch_weights import row_views, stack
+
+    first = parts[0]
+    if any(p.storage != first.storage or p.shape[1] != first.shape[1] or not p.copied for p in parts) \
+            or first.storage not in TORCH_STORAGES:
+        raise ValueError(f"{name}: only copied bf16 or int8 matrices of one input width stack, got {list(parts)}")
+    data = stack([p._data for p in parts])
+    for p, view in zip(parts, row_views(data, [p.shape[0] for p in parts])):
+        p._data = view
+    w = object.__new__(Weight)
+    w.name, w.qtype, w.storage, w.copied = name, first.qtype, first.storage, True
+    w.shape = (sum(p.shape[0] for p in parts), first.shape[1])
+    w._data, w._panel_rows = data, first._panel_rows
+    return w
 
 
 def _by_row_blocks(matmul, x: np.ndarray) -> np.ndarray:

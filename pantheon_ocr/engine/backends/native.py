@@ -12,7 +12,7 @@ never a requirement.
 Its threads are torch's: built with OpenMP, the library takes the libgomp that torch loaded, so a
 call runs on the pool whose threads still spin from torch's last product. Threads of its own, one
 started per call, waited for the core such a spinning thread held: SmolLM2's decode step took 33.4
-ms with them against 11.2 ms on torch's pool (2 threads, AVX2 EPYC, the two builds taking turns in
+ms with them against 11.2 ms on torch's pool (2 threads, AVX-512 EPYC, the two builds taking turns in
 one process). A compiler without OpenMP (Apple's clang) builds the threads-of-its-own version.
 """
 

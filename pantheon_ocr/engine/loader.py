@@ -72,10 +72,11 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     against 9.6 / 25.5 / 44.2 with bf16, for a prompt 16% slower (10.9 against 9.4 s: each product
     widens the int8 matrix to bfloat16). Without bfloat16 units a bf16 product is emulated: on an
     AVX2 EPYC a batched decode step at B = 4 took 0.83 s with float32, 0.49 s with bf16 and 0.33 s
-    with int8 weights, and prompts multiply in float32 there, faster than f32's numpy loop. The torch (or Core ML)
-    vision backend where installed, unless the vision tower is small (numpy runs a page's line
-    pieces in one pass). Chosen once, before any weight is read. With torch weights, also the KV
-    cache auto takes and which decode attention runs (the compiled kernel is built here if it can be)."""
+    with int8 weights, and prompts multiply in float32 there, faster than f32's numpy loop. The
+    torch (or Core ML) vision backend where installed, unless the vision tower is small (numpy runs
+    a page's line pieces in one pass). Chosen once, before any weight is read. With torch weights,
+    also the KV cache auto takes and which decode attention runs (the compiled kernel is built here
+    if it can be)."""
     from .backends import cpu_has_bf16
     from .backends.common import FAST_EXTRA, has_module
     from .cache import kv_kind

@@ -186,12 +186,15 @@ def test_a_compiler_without_openmp_builds_with_threads_of_its_own(tmp_path):
     if not can_build_here():
         pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
     cc = tmp_path / "cc-without-openmp"  # refuses -fopenmp, as Apple's clang does
-    cc.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "unsupported option -fopenmp" >&2; '
-                  'exit 1; }; done\nexec cc "$@"\n')
+    asked = tmp_path / "asked-for-openmp"
+    cc.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo x >> {asked}; '
+                  'echo "unsupported option -fopenmp" >&2; exit 1; }; done\nexec cc "$@"\n')
     cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
     built = native.build(tmp_path / "cache", cc=str(cc))
     assert built.kernel is not None and "no OpenMP" in built.why, built.why
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [built.kernel.path.name]
+    again = native.build(tmp_path / "cache", cc=str(cc))  # the next start takes that build as it is
+    assert again.kernel.path == built.kernel.path and asked.read_text() == "x\n"
     rng = np.random.default_rng(3)
     k, v = (rng.standard_normal((1, 2, 16, 16), dtype=np.float32) for _ in range(2))
     q = rng.standard_normal((1, 4, 16), dtype=np.float32)

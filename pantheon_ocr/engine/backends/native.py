@@ -127,19 +127,24 @@ def build(cache_dir: Path, cc: str | None = None) -> Built:
         version = said.stdout + said.stderr  # name the build: another compiler or release builds anew
     except (OSError, subprocess.SubprocessError) as exc:
         return Built(None, f"torch's products (asking {cc} its version failed: {exc})")
-    failures = []
+    source = SOURCE.read_text()
+    builds = []  # (flags, path) in order of preference: OpenMP, then threads of its own
     for threading in THREADING:
         flags = (*FLAGS, *threading)
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(flags), exe, version]).encode()).hexdigest()[:16]
-        path = cache_dir / f"decode_attention-{key}.so"
-        if path.exists():
-            break
+        key = hashlib.sha256("\0".join([source, " ".join(flags), exe, version]).encode()).hexdigest()[:16]
+        builds.append((flags, cache_dir / f"decode_attention-{key}.so"))
+    # one built before is taken as it is: a compiler without OpenMP is not asked again at every start
+    found = next(((flags, path) for flags, path in builds if path.exists()), None)
+    failures = []
+    for flags, path in builds if found is None else ():
         failed = _compile(exe, flags, path)
         if failed is None:
+            found = flags, path
             break
         failures.append(failed)
-    else:
+    if found is None:
         return Built(None, f"torch's products ({cc} could not build {SOURCE.name}: {failures[-1]})")
+    flags, path = found
     try:
         kernel = DecodeAttention(path)
     except OSError as exc:

@@ -61,8 +61,7 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
     """`int8_rows` of a matrix whose rows raw [out, row_bytes] `decode` turns into float32, block by
     block of QUANTIZE_ROWS rows (the same bits: each row is its own): a 151,936 x 1,024 embedding
     decoded whole was ~2 GB of float32 temporaries at load."""
-    blocks = [int8_rows(decode(raw[r:r + QUANTIZE_ROWS])) for r in range(0, raw.shape[0], QUANTIZE_ROWS)]
-    return torch.cat([q for q, _ in blocks]), torch.cat([s for _, s in blocks])
+    return stack([int8_rows(decode(raw[r:r + QUANTIZE_ROWS])) for r in range(0, raw.shape[0], QUANTIZE_ROWS)])
 
 
 def product(data, m: int = 1):
@@ -90,8 +89,9 @@ def float32_product(data, x):
 
 def linear(data, x, exact_rows: bool = False):
     """x [M, in] torch float32 (or already bfloat16) @ W.T -> [M, out] torch float32, through
-    bfloat16. exact_rows: each row's bits independent of M: one call for any M >= 2 where the kernel keeps rows apart (a lone
-    row gets a zero partner: oneDNN picks another kernel at M = 1), else blocks of ROW_BLOCK rows.
+    bfloat16. exact_rows: each row's bits independent of M: one call for any M >= 2 where the
+    kernel keeps rows apart (a lone row gets a zero partner: oneDNN picks another kernel at M = 1),
+    else blocks of ROW_BLOCK rows.
     A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
     m = x.shape[0]
     if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16():

@@ -170,10 +170,9 @@ class EngineOptions:
     model: Path  # the text GGUF (modelfiles.resolve.resolve_model gives it)
     mmproj: Path
     weights: str = option("auto", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
-                                   "the memory, fastest on CPUs with bfloat16 units), int8 rows (torch: a quarter "
-                                   "of the memory, the fastest single stream), kept quantized (least memory), "
-                                   "or auto: for a large model with torch installed, bfloat16 on CPUs with bfloat16 "
-                                   "units, int8 on others; else float32.", choices=WEIGHT_CHOICES)
+                                   "the memory), int8 rows (torch: a quarter of the memory, the fastest decode; "
+                                   "Q4_0 / Q4_1 matrices stay 4-bit), kept quantized (least memory), or auto: int8 "
+                                   "for a large model with torch installed, else float32.", choices=WEIGHT_CHOICES)
     vision_backend: str = option("auto", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto: "
                                          "the fastest installed for this model (numpy for small towers).",
                                  choices=VISION_BACKENDS)

@@ -156,7 +156,8 @@ def _ocr_line(r: dict, header: bool) -> None:
 
 @bench.command("decode")
 @click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Decoder GGUF.")
-@click.option("--weights", default="f32", show_default=True, help="Storage modes: quantized,f32")
+@click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
+              help="Storage modes, e.g. f32,int8; auto: what transcribe takes for this model here.")
 @click.option("--batch-size", "batch_sizes", default="1,4,8,16,32", show_default=True)
 @click.option("--context", default=256, show_default=True, type=click.IntRange(1),
               help="Cached positions per sequence (a short page's prompt).")
@@ -174,14 +175,18 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
     from ..bench.isolation import cpu_info, run_isolated
 
+    from ..engine.loader import auto_weights
+
     sizes = _ints(batch_sizes, "--batch-size")
     kernels = tuple(_on_off(decode_kernel, "--decode-kernel"))
+    storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w
+                                  for w in _choices(weights, "--weights", WEIGHT_CHOICES)))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
     click.echo(f"{'weights':9} {'kernel':6} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} "
                f"{'x B=' + str(sizes[0]):>6} {'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
-        for st in _choices(weights, "--weights", STORAGE_MODES):
+        for st in storages:
             kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers,
                       kv_dtype=kv_dtype, kernels=kernels)
             r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)

@@ -64,6 +64,25 @@ def _millions(n: int) -> str:
     return f"{n / 1e6:.1f} M" if n < 10e6 else f"{n / 1e6:.0f} M"
 
 
+def auto_weights(model) -> tuple[str, str]:
+    """The storage `auto` weights take for a text GGUF on this machine, and why (plan_auto)."""
+    from .backends import cpu_has_bf16
+    from .backends.common import FAST_EXTRA, has_module
+
+    text_params = _params(model)
+    if text_params is None:
+        return "f32", "the text model cannot be read"
+    if text_params < SMALL_PARAMS:
+        return "f32", f"a small model ({_millions(text_params)} parameters): numpy float32 is fastest"
+    if not has_module("torch"):
+        return "f32", f"torch is not installed ({FAST_EXTRA} for bfloat16 weights)"
+    if not cpu_has_bf16():
+        return "int8", ("torch on a CPU without bfloat16 units: int8 rows (4-bit groups where the file has them), "
+                        "a decode step reads one byte per weight; prompts multiply in float32")
+    return "int8", ("torch: int8 rows (4-bit groups where the file has them), a decode step reads one byte per weight "
+                    "(twice bf16's speed at one sequence); prompts multiply in bfloat16")
+
+
 def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     """`auto` weights and vision backend made concrete for this model on this machine, and why:
     for a large text model with torch installed, int8 rows. A decode step reads every weight once,
@@ -77,26 +96,11 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     a page's line pieces in one pass). Chosen once, before any weight is read. With torch weights,
     also the KV cache auto takes and which decode attention runs (the compiled kernel is built here
     if it can be)."""
-    from .backends import cpu_has_bf16
-    from .backends.common import FAST_EXTRA, has_module
     from .cache import kv_kind
 
     o, why = options, []
-    torch_here = has_module("torch")
     if o.weights == "auto":
-        text_params = _params(o.model)
-        if text_params is None:
-            weights, reason = "f32", "the text model cannot be read"
-        elif text_params < SMALL_PARAMS:
-            weights, reason = "f32", f"a small model ({_millions(text_params)} parameters): numpy float32 is fastest"
-        elif not torch_here:
-            weights, reason = "f32", f"torch is not installed ({FAST_EXTRA} for bfloat16 weights)"
-        elif not cpu_has_bf16():
-            weights, reason = "int8", ("torch on a CPU without bfloat16 units: int8 rows, a decode step reads one byte "
-                                       "per weight; prompts multiply in float32")
-        else:
-            weights, reason = "int8", ("torch: int8 rows, a decode step reads one byte per weight (twice bf16's "
-                                       "speed at one sequence); prompts multiply in bfloat16")
+        weights, reason = auto_weights(o.model)
         o = replace(o, weights=weights)
         why.append(f"weights: {weights} ({reason})")
     if o.weights in TORCH_STORAGES:

@@ -202,3 +202,19 @@ def test_bench_pages_reports_a_failed_document(tmp_path):
     assert failed["doc"] == "bad.pdf" and failed["n_tokens"] == 0 and set(failed["seconds"]) == STAGES
     assert "(1 failed)" in format_table([r])
     json.dumps(r)
+
+
+def test_bench_decode_defaults_to_the_weights_transcribe_takes(tmp_path, monkeypatch):
+    """`bench decode` without --weights measures what `auto` gives this model here (the options
+    table's default, resolved by the loader's rule), not a storage of its own."""
+    from pantheon_ocr.engine import loader
+
+    monkeypatch.setattr(loader, "auto_weights", lambda model: ("bf16", "the rule, for this test"))
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", TEXT, "--batch-size", "1", "--context", "4", "--steps", "1",
+                 "--in-process", "--json", str(out)]) == 0
+    (d,) = json.loads(out.read_text())
+    assert d["storage"] == "bf16"
+    assert main(["bench", "decode", "--model", TEXT, "--weights", "auto,f32,auto", "--batch-size", "1", "--context", "4",
+                 "--steps", "1", "--in-process", "--json", str(out)]) == 0
+    assert [r["storage"] for r in json.loads(out.read_text())] == ["bf16", "f32"]

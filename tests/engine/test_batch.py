@@ -104,3 +104,32 @@ def _replay(d, prompt):
     s = d.new_state(16)
     d.forward(s, prompt)
     return s
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "bfloat16", "int8"])
+def test_a_decode_steps_kv_is_written_in_one_store_with_the_bits_of_one_write_each(kind):
+    """write_step stores a step's B rows at once (KVPool.store_step): every buffer (values, int8
+    scales) holds what B separate writes leave, bit for bit, at each sequence's own position."""
+    from pantheon_ocr.engine.cache import KVCache, KVPool, write_step
+
+    rng = np.random.default_rng(7)
+    pools = [KVPool(2, 3, 8, kind) for _ in range(2)]
+    caches = [[KVCache(2, 3, 8, 64, False, pool) for _ in range(4)] for pool in pools]
+    lengths = [5, 1, 12, 7]
+    for layer in range(2):
+        for b, n in enumerate(lengths):  # the prompts: the same writes in both pools
+            k, v = rng.standard_normal((2, 3, n, 8)).astype(np.float32) * 3
+            for group in caches:
+                group[b].write(layer, 0, k, v)
+    for layer in range(2):
+        k, v = rng.standard_normal((2, 3, 4, 8)).astype(np.float32) * 3  # [Hkv, B, D]
+        k[:, 1] = 0  # a zero row: int8's scale 1
+        for b, n in enumerate(lengths):
+            caches[0][b].write(layer, n, k[:, b:b + 1], v[:, b:b + 1])
+        write_step(caches[1], layer, lengths, k, v)
+    for one, many in zip(pools[0].buffers(), pools[1].buffers()):
+        for a, b in zip(one, many):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert pools[0].used == pools[1].used == [n + 1 for n in lengths]
+    with pytest.raises(ValueError, match="exceeds the context"):
+        write_step(caches[1], 0, [64, 1, 1, 1], k, v)

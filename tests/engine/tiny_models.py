@@ -57,7 +57,7 @@ HF_ARCHITECTURE = {
 
 SEEDS = {"llama": 1001, "mistral": 1002, "mixtral": 1003, "qwen2": 1004, "qwen3": 1005, "phi3": 1006}
 
-DTYPES = ("F32", "F16", "BF16", "Q8_0")
+DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer: minimal byte-level BPE (tokenizer.ggml.model = gpt2, pre = qwen2)

@@ -36,9 +36,9 @@ from time import perf_counter as _now
 
 import numpy as np
 
-from ..cache import KVPool, Rows
+from ..cache import KVPool, Rows, write_step
 from ..cancel import check as check_cancelled
-from ..format.weights import Weight, stack_rows
+from ..format.weights import Weight, can_stack, stack_rows
 from ..memory import TRIM_EVERY, release_free_memory
 from ..ops import apply_rope, rope_angles
 from .common import cpu_has_bf16, require_torch
@@ -180,8 +180,7 @@ class TorchBlocks:
         Over one bfloat16 or int8 pool the compiled kernel takes every sequence in one call; else
         torch, one sequence at a time."""
         states = rows.states
-        for b, s in enumerate(states):
-            s.cache.write(i, s.pos, kn[:, b:b + 1], vn[:, b:b + 1])
+        write_step([s.cache for s in states], i, [s.pos for s in states], kn, vn)
         pool = states[0].cache.pool
         if self.kernel is not None and pool.kind in DecodeAttention.KINDS and all(s.cache.pool is pool for s in states):
             slots = [s.cache.held_slot() for s in states]
@@ -247,7 +246,7 @@ def _layer(layer) -> _Layer:
               for name in _Layer.__dataclass_fields__ if name not in _STACKS}
     for name, parts in _STACKS.items():
         ws = [getattr(layer, p) for p in parts]
-        fields[name] = stack_rows(ws[0].name.replace(parts[0], name), ws) if all(w.copied for w in ws) else None
+        fields[name] = stack_rows(ws[0].name.replace(parts[0], name), ws) if can_stack(ws) else None
     return _Layer(**fields)
 
 

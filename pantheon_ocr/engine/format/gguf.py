@@ -183,7 +183,7 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
-        # Views into the map may still be alive (resident weights keep none); let GC unmap then.
+        # Views into the map may still be alive (4-bit groups keep one, for row lookups); let GC unmap then.
         if getattr(self, "_file", None) is not None:
             self._file.close()
 

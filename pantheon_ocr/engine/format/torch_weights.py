@@ -10,7 +10,9 @@ instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's tim
   `linear`.
 - int8: each row as int8 with one bfloat16 scale (its largest magnitude / 127), quantized at load
   from whatever the file holds; torch's int8-weight kernel (aten._weight_int8pack_mm) widens the
-  weights as it multiplies, so a decode step reads one byte per weight instead of two.
+  weights as it multiplies, so a decode step reads one byte per weight instead of two. A matrix the
+  file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Int4Groups`, torch's int4-weight
+  kernel): half a byte per weight, and the file's own values rather than a second quantization.
 
 `linear` is the one product of both, for the numpy loop (through `Weight.matmul`) and the torch
 decode step (backends/torch_blocks.py). Imported only when a model is loaded with such weights.
@@ -19,8 +21,11 @@ decode step (backends/torch_blocks.py). Imported only when a model is loaded wit
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, replace
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
 from ..backends.common import cpu_has_bf16, require_torch
 
@@ -64,12 +69,62 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
     return stack([int8_rows(decode(raw[r:r + QUANTIZE_ROWS])) for r in range(0, raw.shape[0], QUANTIZE_ROWS)])
 
 
+INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
+INT4_GROUP = 32  # weights per scale (and zero) in both
+# torch packs rows 32 at a time (measured: the packs of two pieces cut at a multiple of 32 rows are
+# the pack of the whole, cut at 16 or 48 they are not): matrices of whole blocks stack and split
+INT4_ROWS = 32
+
+
+@dataclass(frozen=True, eq=False)
+class Int4Groups:
+    """A matrix the file holds as 4-bit groups, for torch's int4-weight kernel
+    (aten._weight_int4pack_mm_for_cpu): weight = (q - 8) * scale + zero per group of 32 along a row,
+    q in 0..15. Q4_0 (d * (q - 8)) is scale d, zero 0; Q4_1 (d * q + m) is scale d, zero m + 8d;
+    the file's float16 d and m are rounded to bfloat16, the kernel's type (2^-9 of a step at most).
+    Decode steps read half a byte per weight: torch's kernel with bfloat16 activations, one call for
+    any number of rows and a row's bits the same for every M (measured, `rows_exact_for_any_m`)."""
+
+    packed: "torch.Tensor"  # q [out, in] in torch's int4 layout (uint8 [out, in / 2], 32 rows a block)
+    scales_zeros: "torch.Tensor"  # [in / 32, out, 2] bfloat16
+    raw: np.ndarray | None  # the file's blocks [out, row_bytes] (a view of its map): rows decode from it
+    qtype: Q
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.scales_zeros.shape[0] * INT4_GROUP
+
+
+def int4_fits(qtype: Q, shape: tuple[int, int]) -> bool:
+    """Whether a matrix stays 4-bit under int8 storage: a Q4_0 / Q4_1 one of whole row blocks."""
+    return qtype in INT4_TYPES and shape[0] % INT4_ROWS == 0 and shape[1] % INT4_GROUP == 0
+
+
+def int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
+    """The file's Q4_0 / Q4_1 blocks raw [out, row_bytes] as `Int4Groups`, QUANTIZE_ROWS rows at a
+    time (q widened to int32 for torch's packing is 4 bytes a weight). A block is float16 d (and m
+    for Q4_1), then 16 bytes: the low nibbles are weights 0..15, the high ones 16..31."""
+    out, head = raw.shape[0], 2 if qtype == Q.Q4_0 else 4
+    packs, sz = [], []
+    for r in range(0, out, QUANTIZE_ROWS):
+        b = raw[r:r + QUANTIZE_ROWS].reshape(min(QUANTIZE_ROWS, out - r), -1, head + 16)  # [rows, groups, bytes]
+        d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, groups]
+        zero = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if head == 4 else np.zeros_like(d)
+        qs = b[..., head:]  # [rows, groups, 16]
+        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(b.shape[0], -1)  # [rows, in]
+        packs.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1))
+        sz.append(torch.from_numpy(np.stack([d, zero], axis=-1)).to(torch.bfloat16).transpose(0, 1))  # [groups, rows, 2]
+    return Int4Groups(torch.cat(packs), torch.cat(sz, dim=1).contiguous(), raw, qtype)
+
+
 def product(data, m: int = 1):
     """The bfloat16 product x [m, in] -> x @ W.T [m, out] of a bf16 matrix or an int8 (q, scale)
     pair. int8 at more than ROW_BLOCK rows (a prompt; never a decode step, whose rows must not
     depend on M) widens the matrix to bfloat16 (exact: |q| <= 127) for oneDNN's GEMM: the int8
     kernel is 2.3x faster than bf16 at 1-2 rows but 2.7x slower at 512 (measured, LightOnOCR-1B
     layer shapes, 2 threads: 0.52 vs 1.21 ms per layer at one row, 51 vs 19 ms at 512)."""
+    if isinstance(data, Int4Groups):  # any m: widening 4-bit groups for a GEMM costs as much as the kernel
+        return lambda xb: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data.packed, INT4_GROUP, data.scales_zeros)
     if not isinstance(data, tuple):
         return lambda xb: F.linear(xb, data)
     q, scale = data
@@ -94,13 +149,13 @@ def linear(data, x, exact_rows: bool = False):
     else blocks of ROW_BLOCK rows.
     A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
     m = x.shape[0]
-    if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16():
+    if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16() and not isinstance(data, Int4Groups):
         return float32_product(data, x)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # rows already rounded: shared by projections
     op = product(data, 1 if exact_rows else m)
     if not exact_rows:
         y = op(xb)
-    elif (exact := _exact_rows("int8" if isinstance(data, tuple) else "bf16"))[0]:
+    elif (exact := _exact_rows(kind_of(data)))[0]:
         pad_lone = m == 1 and not exact[1]
         y = op(torch.cat([xb, torch.zeros_like(xb)]))[:1] if pad_lone else op(xb)
     else:
@@ -116,41 +171,59 @@ def matmul(data, x: np.ndarray, exact_rows: bool = False) -> np.ndarray:
         return linear(data, torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), exact_rows).numpy()
 
 
-_ROWS_EXACT: dict[str, tuple[bool, bool]] = {}  # storage -> (rows exact for any M >= 2, a lone row too)
+_ROWS_EXACT: dict[str, tuple[bool, bool]] = {}  # kind -> (rows exact for any M >= 2, a lone row too)
 
 
-def rows_exact_for_any_m(storage: str) -> bool:
-    """Whether a storage's product gives a row the same bits for every number of rows M >= 2 on
-    this machine (measured once per process on random matrices of a few shapes, both the GEMV-like
-    and the GEMM-like ones). oneDNN on AVX-512 BF16 does for bf16 (measured for M = 2..300 and 1-2
-    threads, shapes of SmolLM2, Qwen and LightOnOCR) but picks another kernel at M = 1 for some
-    shapes: so a decode step pads one row to two and runs any batch in one call, instead of blocks
-    of 16 rows, which costs a single stream up to 3x per projection. int8's kernel is torch's own
-    (no per-shape kernel choice as in oneDNN): where a lone row also gets the bits it has among
-    others (measured on the same shapes), it is not padded, two torch calls fewer per projection."""
-    return _exact_rows(storage)[0]
+def kind_of(data) -> str:
+    """What a matrix's data is: "bf16" (a tensor), "int8" ((q, scale) rows) or "int4" (Int4Groups)."""
+    return "int4" if isinstance(data, Int4Groups) else "int8" if isinstance(data, tuple) else "bf16"
 
 
-def _exact_rows(storage: str) -> tuple[bool, bool]:
-    """(rows_exact_for_any_m, and a lone row's bits too: int8 only), measured once per process."""
-    if storage not in _ROWS_EXACT:
+def rows_exact_for_any_m(kind: str) -> bool:
+    """Whether a kind's product (kind_of) gives a row the same bits for every number of rows M >= 2
+    on this machine (measured once per process on random matrices of a few shapes, both the
+    GEMV-like and the GEMM-like ones). oneDNN on AVX-512 BF16 does for bf16 (measured for M = 2..300
+    and 1-2 threads, shapes of SmolLM2, Qwen and LightOnOCR) but picks another kernel at M = 1 for
+    some shapes: so a decode step pads one row to two and runs any batch in one call, instead of
+    blocks of 16 rows, which costs a single stream up to 3x per projection. The int8 and int4
+    kernels are torch's own (no per-shape kernel choice as in oneDNN): where a lone row also gets
+    the bits it has among others (measured on the same shapes), it is not padded, two torch calls
+    fewer per projection."""
+    return _exact_rows(kind)[0]
+
+
+def _random_matrix(kind: str, out: int, inp: int, gen):
+    if kind == "int4":  # Q4_1 blocks of random bytes with small positive float16 d and m
+        raw = torch.randint(0, 256, (out, inp // INT4_GROUP, 20), dtype=torch.uint8, generator=gen).numpy()
+        raw[..., :4] = np.full((out, inp // INT4_GROUP, 2), 0.01, np.float16).view(np.uint8)
+        return int4_groups(raw.reshape(out, -1), Q.Q4_1)
+    w = torch.randn(out, inp, generator=gen)
+    return int8_rows(w.numpy()) if kind == "int8" else w.to(torch.bfloat16)
+
+
+def _exact_rows(kind: str) -> tuple[bool, bool]:
+    """(rows_exact_for_any_m, and a lone row's bits too: int8 and int4 only), measured once per process."""
+    if kind not in _ROWS_EXACT:
         gen = torch.Generator().manual_seed(0)
         ok = lone = True
         with torch.inference_mode():
             for out, inp in ((192, 576), (1024, 3072), (3072, 1024)):
-                w = torch.randn(out, inp, generator=gen)
-                op = product(int8_rows(w.numpy()) if storage == "int8" else w.to(torch.bfloat16))
+                op = product(_random_matrix(kind, out, inp, gen))
                 x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
                 ref = op(x[:2])
                 ok &= all(torch.equal(op(x[:m])[:2], ref) for m in (3, 5, 16, 17, 33, 40))
-                if storage == "int8":  # bf16 keeps the pad whatever these shapes say
+                if kind != "bf16":  # bf16 keeps the pad whatever these shapes say
                     lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
-        _ROWS_EXACT[storage] = bool(ok), bool(ok and lone and storage == "int8")
-    return _ROWS_EXACT[storage]
+        _ROWS_EXACT[kind] = bool(ok), bool(ok and lone and kind != "bf16")
+    return _ROWS_EXACT[kind]
 
 
 def rows_f32(data, ids: np.ndarray) -> np.ndarray:
-    """Rows W[ids] as float32 numpy [len(ids), in]."""
+    """Rows W[ids] as float32 numpy [len(ids), in] (4-bit groups: decoded from the file's blocks)."""
+    if isinstance(data, Int4Groups):
+        if data.raw is None:
+            raise ValueError("a stack of 4-bit matrices has no rows of its own to look up")
+        return quants.dequantize(data.raw[ids], data.qtype).astype(np.float32, copy=False)
     with torch.inference_mode():
         idx = torch.from_numpy(ids)
         if isinstance(data, tuple):
@@ -160,21 +233,38 @@ def rows_f32(data, ids: np.ndarray) -> np.ndarray:
 
 
 def stack(datas: list):
-    """The rows of several matrices of one storage, in order, as one: bf16 tensors or int8 (q, scale) pairs."""
-    if all(isinstance(d, tuple) for d in datas):
+    """The rows of several matrices of one kind (kind_of), in order, as one: bf16 tensors, int8
+    (q, scale) pairs, or Int4Groups of whole INT4_ROWS blocks (the pack of a stack is the stack of
+    the packs)."""
+    kinds = {kind_of(d) for d in datas}
+    if len(kinds) != 1:
+        raise ValueError(f"cannot stack matrices of kinds {sorted(kinds)}")
+    if kinds == {"int4"}:
+        return Int4Groups(torch.cat([d.packed for d in datas]), torch.cat([d.scales_zeros for d in datas], dim=1),
+                          None, datas[0].qtype)
+    if kinds == {"int8"}:
         return torch.cat([q for q, _ in datas]), torch.cat([s for _, s in datas])
-    if any(isinstance(d, tuple) for d in datas):
-        raise ValueError("cannot stack int8 rows with bf16 ones")
     return torch.cat(datas)
 
 
-def row_views(data, sizes: list[int]) -> list:
-    """`data`'s rows cut into consecutive pieces of `sizes` rows: views, nothing copied."""
+def row_views(data, parts: list) -> list:
+    """A stack's rows (stack(parts)) cut back into its parts: views of the stack, nothing copied
+    (4-bit groups: the packed rows are views, the few scales copies: the kernel takes them whole)."""
+    sizes = [shape_of(p)[0] for p in parts]
+    if isinstance(data, Int4Groups):
+        return [replace(p, packed=w, scales_zeros=sz.contiguous())
+                for p, w, sz in zip(parts, data.packed.split(sizes), data.scales_zeros.split(sizes, dim=1))]
     if isinstance(data, tuple):
         return list(zip(data[0].split(sizes), data[1].split(sizes)))
     return list(data.split(sizes))
 
 
+def shape_of(data) -> tuple[int, int]:
+    if isinstance(data, Int4Groups):
+        return data.shape
+    return tuple((data[0] if isinstance(data, tuple) else data).shape)
+
+
 def nbytes(data) -> int:
-    parts = data if isinstance(data, tuple) else (data,)
+    parts = (data.packed, data.scales_zeros) if isinstance(data, Int4Groups) else data if isinstance(data, tuple) else (data,)
     return sum(t.numel() * t.element_size() for t in parts)

@@ -11,7 +11,9 @@ Storage modes:
   projection; tests/engine/test_bf16.py states the error against f32.
 - "int8": each row int8 with a bfloat16 scale, quantized at load, multiplied by torch's int8-weight
   kernel with bfloat16 activations: a quarter of f32's memory and bytes per decode step; needs
-  torch; tests/engine/test_int8_weights.py states the error against f32.
+  torch; tests/engine/test_int8_weights.py states the error against f32. A matrix the file holds
+  as 4-bit groups (Q4_0, Q4_1) keeps them (torch's int4-weight kernel, half a byte per weight;
+  tests/engine/test_int4_weights.py).
 
 Exact rows (`matmul(x, exact_rows=True)`, the decode path): a BLAS picks its kernel by shape
 (OpenBLAS: GEMV for M = 1, a small-matrix kernel below some size, GEMM above), so row r of
@@ -68,11 +70,13 @@ class Weight:
 
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
-        elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here
-            from .torch_weights import int8_rows_of
+        elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here,
+            # or the file's 4-bit groups as they are (torch_weights.Int4Groups)
+            from .torch_weights import int4_fits, int4_groups, int8_rows_of
 
             self.copied = True
-            self._data = int8_rows_of(raw.reshape(shape[0], -1), lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
+            self._data = int4_groups(raw.reshape(shape[0], -1), qtype) if int4_fits(qtype, shape) else \
+                int8_rows_of(raw.reshape(shape[0], -1), lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
             self.copied = qtype != Q.F32
@@ -167,18 +171,30 @@ def stack_rows(name: str, parts: Sequence[Weight]) -> Weight:
     the rows are held once; a part keeps multiplying as before."""
     from .torch_weights import row_views, stack
 
+    if not can_stack(parts):
+        raise ValueError(f"{name}: only copied bf16 or int8 matrices of one input width and kind stack, got {list(parts)}")
     first = parts[0]
-    if any(p.storage != first.storage or p.shape[1] != first.shape[1] or not p.copied for p in parts) \
-            or first.storage not in TORCH_STORAGES:
-        raise ValueError(f"{name}: only copied bf16 or int8 matrices of one input width stack, got {list(parts)}")
     data = stack([p._data for p in parts])
-    for p, view in zip(parts, row_views(data, [p.shape[0] for p in parts])):
+    for p, view in zip(parts, row_views(data, [p._data for p in parts])):
         p._data = view
     w = object.__new__(Weight)
     w.name, w.qtype, w.storage, w.copied = name, first.qtype, first.storage, True
     w.shape = (sum(p.shape[0] for p in parts), first.shape[1])
     w._data, w._panel_rows = data, first._panel_rows
     return w
+
+
+def can_stack(parts: Sequence[Weight]) -> bool:
+    """Whether `stack_rows` takes these: copies (not views of the file's map: a stack of those would
+    copy them, more memory, not less) of one torch storage, input width and kind (int8 storage
+    holds int8 rows and 4-bit groups: a layer of a Q4_K_M file mixes them)."""
+    first = parts[0]
+    if first.storage not in TORCH_STORAGES or any(
+            p.storage != first.storage or p.shape[1] != first.shape[1] or not p.copied for p in parts):
+        return False
+    from .torch_weights import kind_of
+
+    return len({kind_of(p._data) for p in parts}) == 1
 
 
 def _by_row_blocks(matmul, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,96 @@
+"""4-bit groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit (torch's
+int4-weight kernel, format/torch_weights.Int4Groups): the file's values, exact rows whatever the
+batch, a stack the same bits as its parts, and the error against float32 stated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from pantheon_ocr.engine import load_model  # noqa: E402
+from pantheon_ocr.engine.format import torch_weights as TW  # noqa: E402
+
+from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
+from .test_kv_int8 import greedy  # noqa: E402
+from .tiny_models import write_tiny  # noqa: E402
+
+
+def _blocks(qtype: Q, shape=(64, 96), seed=0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32) * rng.uniform(0.1, 3, size=(shape[0], 1)).astype(np.float32)
+    w[:, 32:64] += 0.7  # a group off zero: Q4_1's minimum is not -8 d there
+    raw = quants.quantize(w, qtype)
+    return raw, quants.dequantize(raw, qtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_4bit_groups_multiply_as_the_files_values(qtype):
+    """The product is x @ W.T of the file's own dequantized values, up to bfloat16 (the input rows,
+    the scales and the output are rounded to it): not a second quantization."""
+    raw, dense = _blocks(qtype)
+    data = TW.int4_groups(raw, qtype)
+    assert data.shape == dense.shape and TW.kind_of(data) == "int4"
+    assert TW.nbytes(data) == dense.size // 2 + 2 * 2 * dense.size // 32  # half a byte + 2 bf16 per group
+    x = torch.randn(5, dense.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        got = TW.linear(data, x).numpy()
+    ref = x.to(torch.bfloat16).float().numpy() @ dense.T
+    assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
+    assert np.array_equal(TW.rows_f32(data, np.array([3, 0, 63])), dense[[3, 0, 63]])  # lookups: the file's rows
+    assert not TW.int4_fits(qtype, (48, 96)) and not TW.int4_fits(Q.Q8_0, dense.shape)  # int8 rows then
+
+
+def test_a_matrix_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
+    """Packing QUANTIZE_ROWS rows at a time, and stacking matrices (q/k/v), change no bit: torch packs
+    32 rows at a time (INT4_ROWS) and each output column reads its own row."""
+    raw, _ = _blocks(Q.Q4_1, shape=(128, 64))
+    whole = TW.int4_groups(raw, Q.Q4_1)
+    monkeypatch.setattr(TW, "QUANTIZE_ROWS", 32)
+    pieces = TW.int4_groups(raw, Q.Q4_1)
+    assert torch.equal(whole.packed, pieces.packed) and torch.equal(whole.scales_zeros, pieces.scales_zeros)
+    parts = [TW.int4_groups(raw[a:b], Q.Q4_1) for a, b in ((0, 64), (64, 96), (96, 128))]
+    stacked = TW.stack(parts)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.inference_mode():
+        y = TW.product(stacked)(x)
+        assert torch.equal(y, torch.cat([TW.product(p)(x) for p in parts], dim=1))
+        views = TW.row_views(stacked, parts)
+        assert all(torch.equal(TW.product(v)(x), TW.product(p)(x)) for v, p in zip(views, parts))
+    assert views[1].packed.data_ptr() == stacked.packed[64:].data_ptr()  # the stack's rows, not a copy
+    with pytest.raises(ValueError, match="kinds"):
+        TW.stack([parts[0], TW.int8_rows(np.ones((32, 64), np.float32))])
+
+
+@pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1"])
+def test_4bit_file_loads_as_groups_and_batch_rows_are_exact(tmp_path, dtype):
+    path = tmp_path / "m.gguf"
+    write_tiny(path, "qwen3", dtype=dtype)
+    model = load_model(path, weights="int8")
+    layer = model.decoder.layers[0]
+    assert all(TW.kind_of(getattr(layer, n)._data) == "int4" for n in ("attn_q", "attn_output", "ffn_down"))
+    blocks = model.decoder.torch_blocks
+    assert blocks is not None and TW.kind_of(blocks.layers[0].attn_qkv._data) == "int4"
+    for B in (1, 3, 16):
+        prompts = _prompts(model.config.n_vocab, B, seed=B)
+        for kind in ("bfloat16", "int8"):
+            assert_varied(run_exact(model.decoder, prompts, _joins(B, B), steps=4, no_repeat=True,
+                                    pool=model.decoder.new_pool(kind)))
+
+
+def test_4bit_file_greedy_stream_is_its_float32_stream(tmp_path):
+    """Against the numpy float32 reference of the same Q4_1 file (its values dequantized): the
+    greedy streams are equal; the error is bfloat16's (measured 2.0e-2 of the largest logit on
+    SmolLM2-135M Q4_1, where its int8 rows measured 3.4e-2: test_int8_weights.py)."""
+    path = tmp_path / "m.gguf"
+    write_tiny(path, "llama", dtype="Q4_1")
+    f32, q = load_model(path, weights="f32"), load_model(path, weights="int8")
+    prompt = _prompts(f32.config.n_vocab, 1, seed=4)[0]
+    ref_toks, ref = greedy(f32.decoder, prompt, "float32", n=12)
+    toks, got = greedy(q.decoder, prompt, "float32", n=12)
+    assert toks == ref_toks
+    assert 1e-5 < np.abs(got - ref).max() / np.abs(ref).max() <= 3e-2

@@ -57,7 +57,8 @@ HF_ARCHITECTURE = {
 
 SEEDS = {"llama": 1001, "mistral": 1002, "mixtral": 1003, "qwen2": 1004, "qwen3": 1005, "phi3": 1006}
 
-DTYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+DTYPES = ("F32", "F16", "BF16", "Q8_0")  # the weights are exactly representable in each
+LOSSY_DTYPES = ("Q4_0", "Q4_1")  # not: for tests of 4-bit storage (test_int4_weights.py)
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer: minimal byte-level BPE (tokenizer.ggml.model = gpt2, pre = qwen2)
@@ -417,8 +418,8 @@ def write_gguf(
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}")
+    if dtype not in DTYPES + LOSSY_DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES + LOSSY_DTYPES}")
     garch = GGUF_ARCH[arch]
     cfg = hf_config
     n_embd = cfg["hidden_size"]

@@ -174,7 +174,6 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
            json_path) -> None:
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
     from ..bench.isolation import cpu_info, run_isolated
-
     from ..engine.loader import auto_weights
 
     sizes = _ints(batch_sizes, "--batch-size")

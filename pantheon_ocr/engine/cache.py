@@ -52,6 +52,14 @@ def kv_kind(choice: str, weights: str) -> str:
     return "int8" if decode_attention().kernel is not None else "bfloat16"
 
 
+def _int8_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [..., D] float32 -> (its int8 values, still float32: rint(x / scale), and scale [..., 1] =
+    its largest magnitude / 127, 1 where x is all zeros): an int8 pool's store of a row."""
+    scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
+    scale[scale == 0] = 1
+    return np.rint(x / scale), scale
+
+
 class KVPool:
     """The K/V of every live sequence of one decoder: per layer k[layer], v[layer] of shape
     [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
@@ -98,10 +106,7 @@ class KVPool:
             self.kc[layer][slot] = np.where(c > 0, c, 1)
             self.kc_set.add((layer, slot))
         for x, q, s in ((k / self.kc[layer][slot], self.k, self.ks), (v, self.v, self.vs)):
-            scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)  # [Hkv, T, 1]
-            scale[scale == 0] = 1
-            q[layer][slot][:, at] = np.rint(x / scale)
-            s[layer][slot][:, at] = scale
+            q[layer][slot][:, at], s[layer][slot][:, at] = _int8_of(x)
 
     def store_step(self, layer: int, slots: np.ndarray, at: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """A decode step's k/v [Hkv, B, D] float32: row b into position at[b] of slot slots[b], every
@@ -116,10 +121,7 @@ class KVPool:
             self.v[layer][slots, :, at] = vt
             return
         for x, q, sc in ((kt / self.kc[layer][slots, :, 0], self.k, self.ks), (vt, self.v, self.vs)):
-            scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)  # [B, Hkv, 1]
-            scale[scale == 0] = 1
-            q[layer][slots, :, at] = np.rint(x / scale)
-            sc[layer][slots, :, at] = scale
+            q[layer][slots, :, at], sc[layer][slots, :, at] = _int8_of(x)
 
     def load(self, layer: int, slot: int, at) -> tuple[np.ndarray, np.ndarray]:
         """The float32 keys/values of positions `at` of the slot: [Hkv, L, D] each."""
@@ -200,29 +202,26 @@ class KVCache:
     def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
         t = k.shape[1]
-        if not self.ring and pos0 + t > self.max_seq:
-            raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
-        pool, slot = self.pool, self.held_slot()
+        pool = self.pool
         if self.ring:
-            keep = min(t, self.max_seq)
+            slot, keep = self.held_slot(), min(t, self.max_seq)
             pool.reserve(layer, slot, min(pos0 + t, self.max_seq), self.max_seq)
             slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
             pool.store(layer, slot, slots, k[:, t - keep :], v[:, t - keep :])
             end = min(pos0 + t, self.max_seq)
         else:
-            pool.reserve(layer, slot, pos0 + t, self.max_seq)
+            slot = self.room(layer, pos0, t)
             pool.store(layer, slot, slice(pos0, pos0 + t), k, v)
             end = pos0 + t
         pool.used[slot] = max(pool.used[slot], end)
 
-    def room(self, layer: int, pos: int) -> int:
-        """Make room for position pos (not a ring); the slot."""
-        if pos >= self.max_seq:
-            raise ValueError(f"sequence of {pos + 1} tokens exceeds the context of {self.max_seq}")
+    def room(self, layer: int, pos0: int, t: int) -> int:
+        """Make room in `layer` for positions pos0 .. pos0+t-1 (not a ring); the slot."""
+        if pos0 + t > self.max_seq:
+            raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
         slot = self.held_slot()
-        self.pool.reserve(layer, slot, pos + 1, self.max_seq)
+        self.pool.reserve(layer, slot, pos0 + t, self.max_seq)
         return slot
-
 
     def read(self, layer: int, n_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keys/values of the positions before n_pos that are still held, with their positions,
@@ -260,7 +259,6 @@ class KVCache:
         return sum(buf[slot].nbytes for buf in (*self.pool.k, *self.pool.v))
 
 
-
 def write_step(caches: Sequence[KVCache], layer: int, positions: Sequence[int], k: np.ndarray, v: np.ndarray) -> None:
     """A decode step's new k/v [Hkv, B, D]: row b at positions[b] of caches[b]. Caches of one pool
     (not rings; int8 ones with their channel scales set) in one store (KVPool.store_step), else each
@@ -271,7 +269,7 @@ def write_step(caches: Sequence[KVCache], layer: int, positions: Sequence[int], 
         for b, (c, p) in enumerate(zip(caches, positions)):
             c.write(layer, p, k[:, b:b + 1], v[:, b:b + 1])
         return
-    slots = np.array([c.room(layer, p) for c, p in zip(caches, positions)])
+    slots = np.array([c.room(layer, p, 1) for c, p in zip(caches, positions)])
     pool.store_step(layer, slots, np.asarray(positions), k, v)
     for slot, p in zip(slots, positions):
         pool.used[slot] = max(pool.used[slot], p + 1)

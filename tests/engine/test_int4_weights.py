@@ -47,13 +47,18 @@ def test_4bit_groups_multiply_as_the_files_values(qtype):
 
 def test_a_matrix_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
     """Packing QUANTIZE_ROWS rows at a time, and stacking matrices (q/k/v), change no bit: torch packs
-    32 rows at a time (INT4_ROWS) and each output column reads its own row."""
-    raw, _ = _blocks(Q.Q4_1, shape=(128, 64))
+    int4_pack_rows() rows at a time (measured here) and each output column reads its own row."""
+    b = TW.int4_pack_rows()
+    raw, _ = _blocks(Q.Q4_1, shape=(4 * b, 64))
     whole = TW.int4_groups(raw, Q.Q4_1)
-    monkeypatch.setattr(TW, "QUANTIZE_ROWS", 32)
+    monkeypatch.setattr(TW, "QUANTIZE_ROWS", b)
     pieces = TW.int4_groups(raw, Q.Q4_1)
     assert torch.equal(whole.packed, pieces.packed) and torch.equal(whole.scales_zeros, pieces.scales_zeros)
-    parts = [TW.int4_groups(raw[a:b], Q.Q4_1) for a, b in ((0, 64), (64, 96), (96, 128))]
+    if b >= 32:  # pieces of half a block are another pack (torch packs no fewer than 16 rows)
+        monkeypatch.setattr(TW, "QUANTIZE_ROWS", b // 2)
+        assert not torch.equal(whole.packed, TW.int4_groups(raw, Q.Q4_1).packed)
+    parts = [TW.int4_groups(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 2 * b), (2 * b, 3 * b), (3 * b, 4 * b))]
+    assert all(TW.int4_fits(Q.Q4_1, p.shape) for p in parts) and not TW.int4_fits(Q.Q4_1, (b + b // 2, 64))
     stacked = TW.stack(parts)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     with torch.inference_mode():
@@ -61,7 +66,7 @@ def test_a_matrix_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
         assert torch.equal(y, torch.cat([TW.product(p)(x) for p in parts], dim=1))
         views = TW.row_views(stacked, parts)
         assert all(torch.equal(TW.product(v)(x), TW.product(p)(x)) for v, p in zip(views, parts))
-    assert views[1].packed.data_ptr() == stacked.packed[64:].data_ptr()  # the stack's rows, not a copy
+    assert views[1].packed.data_ptr() == stacked.packed[2 * b:].data_ptr()  # the stack's rows, not a copy
     with pytest.raises(ValueError, match="kinds"):
         TW.stack([parts[0], TW.int8_rows(np.ones((32, 64), np.float32))])
 

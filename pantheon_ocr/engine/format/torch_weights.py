@@ -71,9 +71,23 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
 
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
 INT4_GROUP = 32  # weights per scale (and zero) in both
-# torch packs rows 32 at a time (measured: the packs of two pieces cut at a multiple of 32 rows are
-# the pack of the whole, cut at 16 or 48 they are not): matrices of whole blocks stack and split
-INT4_ROWS = 32
+_PACK_ROWS: list[int] = []  # int4_pack_rows, measured once per process
+
+
+def int4_pack_rows() -> int:
+    """How many rows torch packs together for its int4 kernel on this CPU, measured once per process:
+    the smallest block whose pieces, packed one by one, are the pack of the whole. Only matrices of
+    whole blocks stack and split (a stack's pack is then the stack of its parts' packs). Measured: 32
+    rows on an AVX2 EPYC, 64 on an AVX-512 Xeon (there, pieces of 32 rows packed apart are not the
+    pack of the whole: a 4-bit stack cut at 32 rows multiplied with wrong columns)."""
+    if not _PACK_ROWS:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randint(0, 16, (512, 2 * INT4_GROUP), dtype=torch.int32, generator=gen)
+        pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+        whole = pack(q, 1)
+        _PACK_ROWS.append(next((b for b in (16, 32, 64, 128, 256)  # torch packs multiples of 16 rows only
+                                if torch.equal(torch.cat([pack(p, 1) for p in q.split(b)]), whole)), 512))
+    return _PACK_ROWS[0]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,8 +110,9 @@ class Int4Groups:
 
 
 def int4_fits(qtype: Q, shape: tuple[int, int]) -> bool:
-    """Whether a matrix stays 4-bit under int8 storage: a Q4_0 / Q4_1 one of whole row blocks."""
-    return qtype in INT4_TYPES and shape[0] % INT4_ROWS == 0 and shape[1] % INT4_GROUP == 0
+    """Whether a matrix stays 4-bit under int8 storage: a Q4_0 / Q4_1 one of whole row blocks
+    (int4_pack_rows)."""
+    return qtype in INT4_TYPES and shape[1] % INT4_GROUP == 0 and shape[0] % int4_pack_rows() == 0
 
 
 def int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
@@ -235,7 +250,7 @@ def rows_f32(data, ids: np.ndarray) -> np.ndarray:
 
 def stack(datas: list):
     """The rows of several matrices of one kind (kind_of), in order, as one: bf16 tensors, int8
-    (q, scale) pairs, or Int4Groups of whole INT4_ROWS blocks (the pack of a stack is the stack of
+    (q, scale) pairs, or Int4Groups of whole int4_pack_rows() blocks (the pack of a stack is the stack of
     the packs)."""
     kinds = {kind_of(d) for d in datas}
     if len(kinds) != 1:

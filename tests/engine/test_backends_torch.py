@@ -154,11 +154,21 @@ def test_query_block_attention_equals_sdpa():
     assert err <= 3 * sdpa_err, (float(err), float(sdpa_err))
 
 
-def test_bfloat16_cpu_backend_attends_by_query_blocks():
+@pytest.mark.parametrize("tiles", [True, False])
+def test_bfloat16_cpu_backend_attends_by_query_blocks_without_amx_tiles(tiles, monkeypatch):
+    """bfloat16 on the CPU: SDPA's fused kernel where the CPU has AMX tiles (it multiplies with them
+    there), products by query blocks where it has none; float32 always SDPA. Both give the tower's
+    features to bfloat16's error."""
+    from pantheon_ocr.engine.backends import torch_vision
     from pantheon_ocr.engine.backends.torch_pixtral import query_block_attention
 
-    assert all(block.attend is query_block_attention for block in backend("bfloat16").module.layers)
-    assert all(block.attend is torch.nn.functional.scaled_dot_product_attention for block in backend().module.layers)
+    monkeypatch.setattr(torch_vision, "cpu_has_amx", lambda: tiles)
+    module = TorchVisionBackend(vlm(), device="cpu", dtype="bfloat16")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert all(block.attend is (sdpa if tiles else query_block_attention) for block in module.module.layers)
+    assert all(block.attend is sdpa for block in backend().module.layers)
+    px = pixels("d_text_300x120")
+    assert rel_err(module.encode(px), vlm().encode_image(px)) <= BF16_REL
 
 
 def test_a_truncated_tower_runs_its_own_layers():

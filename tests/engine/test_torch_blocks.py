@@ -72,6 +72,7 @@ def test_torch_decode_is_the_numpy_loop_up_to_rounding(kind):
     torch_model = load_model(LIGHTONOCR_TEXT, weights="bf16")
     numpy_model = load_model(LIGHTONOCR_TEXT, weights="bf16")
     numpy_model.decoder.torch_blocks = None
+    torch_model.decoder.torch_blocks.tiles = False  # the prompt's float32 keys attend in float32 (AMX: bfloat16)
     prompt = _prompts(torch_model.config.n_vocab, 1, seed=5)[0]
     rows = {}
     for name, m in (("torch", torch_model), ("numpy", numpy_model)):
@@ -165,15 +166,47 @@ def test_causal_block_attention_is_naive_attention_in_bfloat16(prefix, t, group,
         assert rel_err(got.numpy()[:1], ref[:1]) <= tol
 
 
+@pytest.mark.parametrize("prefix,t", [(0, 1), (0, 300), (5, 31), (600, 7)])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("kind", list(KV_STORAGE))
+def test_fused_causal_attention_is_naive_attention_over_every_pool(prefix, t, group, kind):
+    """The prompt attention of CPUs with AMX tiles: torch's fused kernel in bfloat16 over a pool of any
+    kind (int8 widened with its scales) is the reference over the pool's stored keys, to bfloat16's
+    rounding of keys, values and queries (the scores stay float32)."""
+    rng = np.random.default_rng(prefix + 7 * t + group)
+    hkv, d = 2, 32
+    pool = KVPool(1, hkv, d, kind)
+    cache = KVCache(1, hkv, d, prefix + t + 5, False, pool=pool)
+    k, v = (rng.standard_normal((hkv, prefix + t, d)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((t, hkv * group, d)).astype(np.float32) * 2
+    cache.write(0, 0, k, v)
+    got = torch_blocks.fused_causal_attention(pool, 0, cache.held_slot(), prefix, torch.from_numpy(q), scale=d ** -0.5)
+    kk, vv, _ = cache.read(0, prefix + t)  # the stored keys, widened as the pool widens them
+    sk, sv = torch_blocks.slot_keys(pool, 0, cache.held_slot(), prefix + t, torch.float32)
+    assert np.array_equal(sk.numpy(), kk) and np.array_equal(sv.numpy(), vv)
+    ref = naive_attention(q.transpose(1, 0, 2), kk, vv, np.arange(prefix, prefix + t), np.arange(prefix + t),
+                          scale=d ** -0.5, causal=True).transpose(1, 0, 2)
+    assert got.shape == (t, hkv * group, d) and got.dtype == torch.float32
+    assert rel_err(got.numpy(), ref) <= 2e-2  # bfloat16 inputs (2^-9 each)
+    if t > 1:  # the mask is there: the first query sees its own key and those before it only
+        assert rel_err(got.numpy()[:1], ref[:1]) <= 2e-2
+
+
+@pytest.mark.parametrize("tiles", [False, True])  # prompts by torch's fused kernel in bfloat16 (AMX) or not
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
-def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, monkeypatch):
+def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, tiles, monkeypatch):
     """Prompts in torch, prefilled in chunks over a growing cache, several sequences in one forward:
-    the numpy loop's logits to within bfloat16's rounding of the scores (bfloat16 keys) or to
-    summation order (the other kinds, which attend through the cache's own chunk kernel)."""
+    the numpy loop's logits to within bfloat16's rounding of the scores (bfloat16 keys; every kind
+    where the CPU has AMX tiles: keys, values and queries in bfloat16) or to summation order (the
+    other kinds without tiles, which attend through the cache's own chunk kernel)."""
     monkeypatch.setattr(torch_blocks, "QUERY_BLOCK", 8)  # many blocks in short chunks
     torch_model, numpy_model = load_model(LIGHTONOCR_TEXT, weights="bf16"), load_model(LIGHTONOCR_TEXT, weights="bf16")
     numpy_model.decoder.torch_blocks = None
     blocks, runs = torch_model.decoder.torch_blocks, []
+    monkeypatch.setattr(blocks, "tiles", tiles)
+    fused = []
+    monkeypatch.setattr(torch_blocks, "fused_causal_attention",
+                        lambda *a, f=torch_blocks.fused_causal_attention, **k: fused.append(1) or f(*a, **k))
     monkeypatch.setattr(blocks, "run", lambda rows, x, run=blocks.run: runs.append(rows.decode) or run(rows, x))
     prompts = [p * 3 for p in _prompts(torch_model.config.n_vocab, 2, seed=9)]
     rows = {}
@@ -188,6 +221,9 @@ def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, monkeypatch):
             out.append(d.logits_of(x))
         rows[name] = np.concatenate(out)
     assert runs and not any(runs)  # the torch model's prompts ran in torch
+    assert bool(fused) == tiles
+    if tiles:
+        kind = "bfloat16"  # every pool's keys attend in bfloat16
     # measured: bfloat16 0.9e-2; float32 and int8 equal where the CPU has bfloat16 units (the tiny
     # model's norms round alike); without them prompts multiply float32 rows (torch_weights.linear):
     # float32 6e-7 (summation order), int8 4.6e-4 in one row (a key one rounding step apart), 4e-7 median

@@ -4,8 +4,9 @@ use and called through ctypes: decode attention over a bfloat16 or int8 KV pool
 
 The library is built once per source, flags and compiler into the user cache
 (`$PANTHEON_OCR_CACHE/kernels` or `~/.cache/pantheon-ocr/kernels`), written to a temporary name and
-renamed, so processes building at once (a Ray cluster's workers) never load half a file. Where the
-CPU is not x86-64 with AVX2 and FMA, no compiler is found ($CC, else cc) or the build fails,
+renamed, so processes building at once (a Ray cluster's workers) never load half a file. It is
+built for AVX-512 where the CPU has it, else AVX2 (ISAS). Where the CPU is not x86-64 with AVX2 and
+FMA, no compiler is found ($CC, else cc) or the build fails,
 `decode_attention()` says why and the engine keeps torch's products: the kernel is a speed-up,
 never a requirement.
 
@@ -35,6 +36,11 @@ from .common import cpu_flags, require_torch, user_cache_dir
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
 FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared")
+# Instruction sets a build may target, best first: the flags each adds and the CPU flags it needs.
+# AVX-512 widens 16 stored values at a time (B = 16 LightOnOCR-1B decode attention, 2,336 positions,
+# int8 keys, Xeon with AVX-512: docs/benchmarks.md).
+ISAS = {"AVX-512": (("-mavx512f", "-mavx512bw", "-mavx512vl"), {"avx512f", "avx512bw", "avx512vl"}),
+        "AVX2": ((), {"avx2", "fma"})}
 # Threads: OpenMP first, so that the kernel's threads are torch's own pool (its libgomp is the one
 # loaded; torch is imported before the library); threads of its own where the compiler has no OpenMP
 THREADING = (("-fopenmp",), ("-pthread",))
@@ -114,10 +120,22 @@ class DecodeAttention:
         return out
 
 
-def build(cache_dir: Path, cc: str | None = None) -> Built:
-    """The kernel built (or found built) under cache_dir with compiler cc ($CC, else cc), or why not."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= cpu_flags():
+def isas_here() -> list[str]:
+    """The instruction sets of ISAS this CPU has, best first (none off x86-64)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not ISAS["AVX2"][1] <= cpu_flags():
+        return []
+    return [name for name, (_, needs) in ISAS.items() if needs <= cpu_flags()]
+
+
+def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Built:
+    """The kernel built (or found built) under cache_dir with compiler cc ($CC, else cc) for one of
+    ISAS (the best this CPU has if None), or why not."""
+    here = isas_here()
+    if not here:
         return Built(None, "torch's products (the compiled kernel needs an x86-64 CPU with AVX2 and FMA)")
+    isa = isa or here[0]
+    if isa not in here:
+        return Built(None, f"torch's products (this CPU has no {isa})")
     cc = cc or os.environ.get("CC") or "cc"
     exe = shutil.which(cc)
     if exe is None:
@@ -130,7 +148,7 @@ def build(cache_dir: Path, cc: str | None = None) -> Built:
     source = SOURCE.read_text()
     builds = []  # (flags, path) in order of preference: OpenMP, then threads of its own
     for threading in THREADING:
-        flags = (*FLAGS, *threading)
+        flags = (*FLAGS, *ISAS[isa][0], *threading)
         key = hashlib.sha256("\0".join([source, " ".join(flags), exe, version]).encode()).hexdigest()[:16]
         builds.append((flags, cache_dir / f"decode_attention-{key}.so"))
     # one built before is taken as it is: a compiler without OpenMP is not asked again at every start
@@ -150,7 +168,7 @@ def build(cache_dir: Path, cc: str | None = None) -> Built:
     except OSError as exc:
         return Built(None, f"torch's products ({path} does not load: {exc})")
     pool = "torch's OpenMP threads" if "-fopenmp" in flags else "threads of its own (no OpenMP in the compiler)"
-    return Built(kernel, f"the compiled AVX2 kernel ({path}; {pool})")
+    return Built(kernel, f"the compiled {isa} kernel ({path}; {pool})")
 
 
 def _compile(exe: str, flags: tuple[str, ...], path: Path) -> str | None:

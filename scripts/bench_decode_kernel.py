@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch  # noqa: F401  (its OpenMP runtime first, as the engine loads it)
 
 from pantheon_ocr.engine.backends import native
 

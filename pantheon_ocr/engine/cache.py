@@ -18,6 +18,7 @@ kernels take arrays; this module hands them its buffers.
 from __future__ import annotations
 
 import heapq
+import mmap
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -34,6 +35,24 @@ KV_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint1
 
 def _blocks(n: int) -> int:
     return -(-n // KV_BLOCK) * KV_BLOCK
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.zeros on an anonymous map of its own, whose pages are committed as they are written and
+    never as 2 MB huge pages. Why: numpy asks the kernel for transparent huge pages on large arrays,
+    and one head's row of a slot is ~0.4 MB (int8, 3,400 positions), so the first write to each row
+    committed the 2 MB around it: the pool held every slot's whole capacity (its prompt plus
+    max_tokens) from its first token on, not its real length (docs/benchmarks.md)."""
+    n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if n_bytes == 0:
+        return np.zeros(shape, dtype)
+    # anonymous and zero-filled, private to this process where the platform says so; unmapped when
+    # the array is collected
+    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+    m = mmap.mmap(-1, n_bytes, **private)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; elsewhere there are no transparent huge pages to refuse
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(m, dtype).reshape(shape)
 
 
 def kv_kind(choice: str, weights: str) -> str:
@@ -63,10 +82,11 @@ def _int8_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class KVPool:
     """The K/V of every live sequence of one decoder: per layer k[layer], v[layer] of shape
     [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
-    cap is a whole number of KV blocks. Zeroed memory is only committed once written, so a slot
-    costs memory for the positions it holds. `kind` float16 or bfloat16 halves the memory (and the
-    bytes each decode step reads; bfloat16 is stored as its bits, uint16); int8 about quarters it: each position's key (value) of each head stored
-    as int8 times one float32 scale (its largest magnitude / 127) in ks[layer] / vs[layer]
+    cap is a whole number of KV blocks. The buffers' pages are committed as they are written, in
+    4 KiB pages (`_zeros`), so a slot costs memory for the positions it holds. `kind` float16 or
+    bfloat16 halves the memory (and the bytes each decode step reads; bfloat16 is stored as its
+    bits, uint16); int8 about quarters it: each position's key (value) of each head stored as int8
+    times one float32 scale (its largest magnitude / 127) in ks[layer] / vs[layer]
     [slots, Hkv, cap, 1]. Keys have outlier channels (Qwen's reach 12x their median), so a key
     is first divided by its sequence's channel scales kc[layer] [slots, Hkv, 1, D] (each
     channel's largest magnitude in the sequence's first write, its prompt), then quantized.
@@ -162,7 +182,7 @@ class KVPool:
             kc[: self.kc[layer].shape[0]] = self.kc[layer]
             self.kc[layer] = kc
         for buf in self.buffers():
-            grown = np.zeros((new_slots, self.n_kv, new_cap, buf[layer].shape[3]), buf[layer].dtype)
+            grown = _zeros((new_slots, self.n_kv, new_cap, buf[layer].shape[3]), buf[layer].dtype)
             for s in range(min(slots, len(self.used))):  # slots past `used` were never acquired
                 n_s = min(self.used[s], cap)  # `used` counts every layer; this one may hold fewer
                 grown[s, :, :n_s] = buf[layer][s, :, :n_s]

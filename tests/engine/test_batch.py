@@ -133,3 +133,44 @@ def test_a_decode_steps_kv_is_written_in_one_store_with_the_bits_of_one_write_ea
     assert pools[0].used == pools[1].used == [n + 1 for n in lengths]
     with pytest.raises(ValueError, match="exceeds the context"):
         write_step(caches[1], 0, [64, 1, 1, 1], k, v)
+
+
+def _resident_kb(arrays) -> int:
+    """Resident kB of the memory maps holding `arrays` (/proc/self/smaps; each pool buffer is a map of its own)."""
+    spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays if a.nbytes]
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = any(s < hi and e > lo for s, e in spans)
+        elif inside and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+@pytest.mark.parametrize("kind", ["int8", "bfloat16"])
+def test_a_slot_holds_memory_for_the_positions_written_not_its_capacity(kind):
+    """Slots whose capacity is far above what they hold (a page's prompt + max_tokens against the
+    tokens decoded so far) cost about what is written: no 2 MB huge page around each head's row."""
+    from pantheon_ocr.engine.cache import KVCache, KVPool
+
+    n_layer, n_kv, d, cap, n = 2, 8, 128, 8192, 256
+    pool = KVPool(n_layer, n_kv, d, kind)
+    rng = np.random.default_rng(3)
+    caches = [KVCache(n_layer, n_kv, d, cap, False, pool) for _ in range(8)]
+    for layer in range(n_layer):
+        for c in caches:
+            c.write(layer, 0, *rng.standard_normal((2, n_kv, 16, d)).astype(np.float32))  # small: the cap grows later
+        for c in caches:
+            c.write(layer, 16, *rng.standard_normal((2, n_kv, n - 16, d)).astype(np.float32))
+            pool.reserve(layer, c.held_slot(), cap, cap)  # room for the whole capacity, as a long page reaches it
+    assert all(b.shape[2] >= cap for b in pool.k)
+    bufs = [b for group in pool.buffers() for b in group]
+    written_kb = sum(b.nbytes * n // b.shape[2] for b in bufs) // 1024
+    allocated_kb = sum(b.nbytes for b in bufs) // 1024
+    assert allocated_kb > 20 * written_kb
+    # each head's row rounds up to whole 4 KiB pages: at most a page more per row and buffer
+    rows = sum(b.shape[0] * b.shape[1] for b in bufs)
+    assert _resident_kb(bufs) <= written_kb + 4 * rows

@@ -1,12 +1,15 @@
 """The torch vision backend on cpu / cuda / mps in float32, bfloat16 or float16: the LightOnOCR
 vision encoder + projector of torch_pixtral.py (the one torch definition, which training uses
-too), loaded with the GGUF weights the numpy engine loaded (dequantized with Weight.dense(); no
-other checkpoint).
+too), loaded with the GGUF weights the numpy engine loaded (no other checkpoint): on the CPU the
+matrices the file stores as floats are used from its memory map, a block's pages dropped from the
+resident set once it has run (MappedLinear); other matrices, and every weight on a device, are
+copies (Weight.dense() in the compute dtype).
 
 Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in form only:
 - the converter's permuted vision Q/K rows (adjacent RoPE pairs) are un-permuted back to Hugging
-  Face's order at build time, so RoPE is the split-half (NeoX) rotation, which needs no strided
-  slices; attention scores are unchanged because Q and K get the same permutation;
+  Face's order (at build time for a copy, at each call for a mapped matrix), so RoPE is the
+  split-half (NeoX) rotation, which needs no strided slices; attention scores are unchanged
+  because Q and K get the same permutation;
 - the RoPE tables are the numpy engine's (ops.rope_angles_2d), cached per grid;
 - attention is torch's scaled_dot_product_attention (not causal), with an optional key mask for
   padded bucket grids (see buckets.py); in bfloat16 on a CPU without AMX tiles, query_block_attention
@@ -19,13 +22,18 @@ Importing this module imports torch: only backends/__init__ and the tests import
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
+from ..format.gguf import GGUFFile
+from ..format.weights import Weight
 from ..format.writer import unpermute_qk
+from ..memory import release_free_memory
 from ..ops import rope_angles_2d
 from .common import check_pixels, cpu_has_amx
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
@@ -33,7 +41,7 @@ from .torch_pixtral import PixtralVision, Projector, query_block_attention
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MASK_NEG = -30000.0  # additive attention bias for masked keys: exp() underflows to 0, fits float16
 
-__all__ = ["FixedGrid", "LightOnOCRVision", "TorchVisionBackend", "unpermute_qk"]
+__all__ = ["FixedGrid", "LightOnOCRVision", "MappedLinear", "TorchVisionBackend", "unpermute_qk"]
 
 
 def _t(a: np.ndarray, dtype) -> nn.Parameter:
@@ -52,41 +60,115 @@ def _load(module: nn.Module, dtype, weight: np.ndarray, bias: np.ndarray | None 
         module.bias = _t(bias, dtype)
 
 
+_TORCH_OF = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+             np.dtype(np.uint16): torch.bfloat16}  # Weight.stored_floats' dtypes (BF16 as its bits)
+
+
+def _stored(w: Weight) -> torch.Tensor | None:
+    """A matrix the file stores as floats, as a torch tensor over the map's bytes (no copy), or None."""
+    a = w.stored_floats()
+    if a is None:
+        return None
+    with warnings.catch_warnings():
+        # Read-only map: torch warns that it cannot make the tensor read-only; nothing writes it.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(np.ascontiguousarray(a).reshape(-1), dtype=_TORCH_OF[a.dtype]).reshape(a.shape)
+
+
+class MappedLinear(nn.Module):
+    """nn.Linear's product over a matrix as the GGUF file stores it (F32, F16 or BF16, a view of the
+    memory map), taken to the compute dtype at each call, its rows put in `rows` order first (the
+    vision Q/K, un-permuted as unpermute_qk does). Same bits as a copy converted once: the same
+    rounding, done later. Why: resident copies held the tower's 0.8 GB (LightOnOCR-1B, bfloat16)
+    for the whole run beside the decoder and every page's KV cache; as views the weights are the
+    file's pages, which LightOnOCRVision drops from the resident set after each block has run (the
+    page cache keeps them for the next page). The cost is the conversion per call: BF16 to
+    bfloat16 none, F16 to bfloat16 ~0.2 s a full page against ~30 s of products (2 threads)."""
+
+    def __init__(self, stored: torch.Tensor, dtype: torch.dtype, rows: torch.Tensor | None = None,
+                 bias: nn.Parameter | None = None):
+        super().__init__()
+        self.stored, self.dtype, self.rows = stored, dtype, rows  # not parameters: the file's bytes
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.stored if self.rows is None else self.stored.index_select(0, self.rows)
+        return F.linear(x, w.to(self.dtype), self.bias)
+
+
 class LightOnOCRVision(PixtralVision):
     """pixels [1, 3, H, W] (+ optional key mask [1, N]) -> features [(h//s)*(w//s), n_embd].
 
     With a mask (a padded bucket grid), the output holds every merged token of the padded grid;
-    buckets.merged_rows picks the page's own."""
+    buckets.merged_rows picks the page's own.
 
-    def __init__(self, vision, projector, dtype: torch.dtype = torch.float32):
+    mapped_from: the mmproj file the towers' weights are read from. Given, the matrices it stores as
+    floats are used from its memory map (MappedLinear) and each block's pages leave the resident
+    set once the block has run, so a page's vision holds about one layer's weights at a time (the
+    CPU backend). Not given, every weight is a copy in the compute dtype (the module a device or a
+    Core ML trace takes)."""
+
+    def __init__(self, vision, projector, dtype: torch.dtype = torch.float32, mapped_from: GGUFFile | None = None):
         c = vision.cfg
         with torch.device("meta"):  # shapes only: every weight comes from the GGUF below
             # the numpy tower's own layers: all of them, or the first N a benchmark asked for
             super().__init__(c.n_embd, len(vision.layers), c.n_head, c.n_ff, c.patch_size, float(c.eps), c.rope_base)
             self.projector = Projector(c.n_embd, c.projection_dim, projector.merge, float(projector.eps))
-        self.cfg, self.dtype = c, dtype
+        self.cfg, self.dtype, self.gguf = c, dtype, mapped_from
         f32, p = torch.float32, c.patch_size
+        qk_rows = torch.from_numpy(unpermute_qk(np.arange(c.n_embd)[:, None], c.n_head)[:, 0].copy())
+
+        def linear(parent: nn.Module, attr: str, w: Weight, bias: np.ndarray | None, permuted: bool = False) -> str:
+            """Set parent.attr to the product with w (a view where the file stores floats and
+            mapped_from is given, else a copy); the tensor's name, for the pages to drop."""
+            stored = _stored(w) if mapped_from is not None else None
+            if permuted and bias is not None:
+                bias = unpermute_qk(bias, c.n_head)
+            if stored is None:
+                _load(getattr(parent, attr), dtype, unpermute_qk(w.dense(), c.n_head) if permuted else w.dense(), bias)
+            else:
+                setattr(parent, attr, MappedLinear(stored, dtype, qk_rows if permuted else None,
+                                                   None if bias is None else _t(bias, dtype)))
+            return w.name
+
         _load(self.patch_conv, dtype, vision.patch_embd.dense().reshape(c.n_embd, 3, p, p), vision.patch_bias)
         _load(self.ln_pre, f32, vision.pre_ln)
-        un = lambda a: None if a is None else unpermute_qk(a, c.n_head)  # noqa: E731
         for block, layer in zip(self.layers, vision.layers):
             _load(block.attention_norm, f32, layer.ln1)
-            _load(block.q_proj, dtype, un(layer.attn_q.dense()), un(layer.attn_q_bias))
-            _load(block.k_proj, dtype, un(layer.attn_k.dense()), un(layer.attn_k_bias))
-            _load(block.v_proj, dtype, layer.attn_v.dense(), layer.attn_v_bias)
-            _load(block.o_proj, dtype, layer.attn_out.dense(), layer.attn_out_bias)
-            _load(block.ffn_norm, f32, layer.ln2)
             ffn = block.feed_forward
-            _load(ffn.gate_proj, dtype, layer.ffn_gate.dense(), layer.ffn_gate_bias)
-            _load(ffn.up_proj, dtype, layer.ffn_up.dense(), layer.ffn_up_bias)
-            _load(ffn.down_proj, dtype, layer.ffn_down.dense(), layer.ffn_down_bias)
+            names = [linear(block, "q_proj", layer.attn_q, layer.attn_q_bias, permuted=True),
+                     linear(block, "k_proj", layer.attn_k, layer.attn_k_bias, permuted=True),
+                     linear(block, "v_proj", layer.attn_v, layer.attn_v_bias),
+                     linear(block, "o_proj", layer.attn_out, layer.attn_out_bias),
+                     linear(ffn, "gate_proj", layer.ffn_gate, layer.ffn_gate_bias),
+                     linear(ffn, "up_proj", layer.ffn_up, layer.ffn_up_bias),
+                     linear(ffn, "down_proj", layer.ffn_down, layer.ffn_down_bias)]
+            _load(block.ffn_norm, f32, layer.ln2)
+            self._drop_after(block, names)
         pr = self.projector
         _load(pr.norm, f32, projector.norm)
-        _load(pr.merging_layer, dtype, projector.merger.dense())
-        _load(pr.linear_1, dtype, projector.linear_1.dense(), projector.bias_1)
-        _load(pr.linear_2, dtype, projector.linear_2.dense(), projector.bias_2)
+        self._drop_after(pr, [linear(pr, "merging_layer", projector.merger, None),
+                              linear(pr, "linear_1", projector.linear_1, projector.bias_1),
+                              linear(pr, "linear_2", projector.linear_2, projector.bias_2)])
+        if mapped_from is not None:  # what was copied (and every view, until its block runs) was read from these pages
+            for name in mapped_from.tensors:
+                mapped_from.release(name)
+        release_free_memory()  # the float32 copies dense() made for every matrix
         self._rope: OrderedDict = OrderedDict()
         self._rope_lock = threading.Lock()
+
+    def _drop_after(self, module: nn.Module, names: list[str]) -> None:
+        """With mapped_from: after each run of `module`, its tensors' pages leave the resident set
+        (a later run faults them back in from the page cache, or the file)."""
+        if self.gguf is None:
+            return
+        gf = self.gguf
+
+        def drop(*_) -> None:  # a forward hook: None keeps the module's output
+            for name in names:
+                gf.release(name)
+
+        module.register_forward_hook(drop)
 
     def rope(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [h*w, head_dim] for an h x w grid in the compute dtype: the numpy engine's
@@ -142,7 +224,12 @@ class TorchVisionBackend:
             raise ValueError(f"dtype must be one of {list(TORCH_DTYPES)}, not {dtype!r}")
         self.vlm, self.device, self.dtype = vlm, device, dtype
         self.reason = "chosen"
-        self.module = LightOnOCRVision(vlm.vision, vlm.projector, TORCH_DTYPES[dtype]).to(device).eval()
+        # on the CPU the weights the file stores as floats are used from its map (LightOnOCRVision)
+        mapped = vlm.mmproj if device == "cpu" else None
+        self.module = LightOnOCRVision(vlm.vision, vlm.projector, TORCH_DTYPES[dtype], mapped).to(device).eval()
+        if mapped is None:  # copied (to the device): the pages they were read from are not needed
+            for name in vlm.mmproj.tensors:
+                vlm.mmproj.release(name)
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
             self.module.use_attention(query_block_attention)
 
@@ -156,6 +243,8 @@ class TorchVisionBackend:
         out = self.module(x)
         if out.device.type != "cpu":
             out = out.cpu()
+        else:  # a full page's activations (~0.9 GB at the 1B shapes) went back to the heap, ~0.5 GB
+            release_free_memory()  # of it in pieces glibc keeps: back to the system (~20 ms)
         return out.numpy()
 
     def __repr__(self) -> str:

@@ -151,6 +151,18 @@ class Weight:
             return self.rows(np.arange(self.shape[0]))
         return self._data if self.resident else dequantize(self._data, self.qtype)
 
+    def stored_floats(self) -> np.ndarray | None:
+        """The matrix as the file stores it, where that is floats: a read-only view of the map
+        [out, in] (F32 as float32, F16 as float16, BF16 as its uint16 bits), nothing decoded or
+        copied. None for a quantized type or a weight held as a copy (f32, bf16, int8 storage)."""
+        if self.copied or self.storage in TORCH_STORAGES:
+            return None
+        if self.qtype == Q.F32:
+            return self._data
+        if self.qtype in (Q.F16, Q.BF16):
+            return self._data.view(np.float16 if self.qtype == Q.F16 else np.uint16)
+        return None
+
     def nbytes(self) -> int:
         if self.storage in TORCH_STORAGES:
             from .torch_weights import nbytes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -149,7 +151,7 @@ def _resident_kb(arrays) -> int:
     return total
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
 @pytest.mark.parametrize("kind", ["int8", "bfloat16"])
 def test_a_slot_holds_memory_for_the_positions_written_not_its_capacity(kind):
     """Slots whose capacity is far above what they hold (a page's prompt + max_tokens against the

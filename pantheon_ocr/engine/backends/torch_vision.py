@@ -22,7 +22,6 @@ Importing this module imports torch: only backends/__init__ and the tests import
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -31,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..format.gguf import GGUFFile
+from ..format.torch_weights import map_view
 from ..format.weights import Weight
 from ..format.writer import unpermute_qk
 from ..memory import release_free_memory
@@ -67,12 +67,7 @@ _TORCH_OF = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.fl
 def _stored(w: Weight) -> torch.Tensor | None:
     """A matrix the file stores as floats, as a torch tensor over the map's bytes (no copy), or None."""
     a = w.stored_floats()
-    if a is None:
-        return None
-    with warnings.catch_warnings():
-        # Read-only map: torch warns that it cannot make the tensor read-only; nothing writes it.
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(np.ascontiguousarray(a).reshape(-1), dtype=_TORCH_OF[a.dtype]).reshape(a.shape)
+    return None if a is None else map_view(a, _TORCH_OF[a.dtype], a.shape)
 
 
 class MappedLinear(nn.Module):
@@ -150,9 +145,6 @@ class LightOnOCRVision(PixtralVision):
         self._drop_after(pr, [linear(pr, "merging_layer", projector.merger, None),
                               linear(pr, "linear_1", projector.linear_1, projector.bias_1),
                               linear(pr, "linear_2", projector.linear_2, projector.bias_2)])
-        if mapped_from is not None:  # what was copied (and every view, until its block runs) was read from these pages
-            for name in mapped_from.tensors:
-                mapped_from.release(name)
         release_free_memory()  # the float32 copies dense() made for every matrix
         self._rope: OrderedDict = OrderedDict()
         self._rope_lock = threading.Lock()
@@ -227,9 +219,9 @@ class TorchVisionBackend:
         # on the CPU the weights the file stores as floats are used from its map (LightOnOCRVision)
         mapped = vlm.mmproj if device == "cpu" else None
         self.module = LightOnOCRVision(vlm.vision, vlm.projector, TORCH_DTYPES[dtype], mapped).to(device).eval()
-        if mapped is None:  # copied (to the device): the pages they were read from are not needed
-            for name in vlm.mmproj.tensors:
-                vlm.mmproj.release(name)
+        # the build read every tensor: copies need those pages no more, views fault theirs back per block
+        for name in vlm.mmproj.tensors:
+            vlm.mmproj.release(name)
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
             self.module.use_attention(query_block_attention)
 

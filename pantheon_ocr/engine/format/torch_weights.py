@@ -34,14 +34,19 @@ F = torch.nn.functional
 ROW_BLOCK = 16  # weights.ROW_BLOCK (not imported: weights.py imports this module)
 
 
-def bf16_view(raw: np.ndarray, shape: tuple[int, int]):
-    """A BF16 tensor's bytes as a torch bfloat16 tensor [out, in]: a view of the memory map (no
-    copy; the file's pages are the weights)."""
+def map_view(raw: np.ndarray, dtype, shape: tuple[int, ...]):
+    """A tensor's bytes in the memory map as a torch tensor of `dtype` and `shape`: a view (no copy;
+    the file's pages are the weights)."""
     flat = np.ascontiguousarray(raw).reshape(-1)
     with warnings.catch_warnings():
         # Read-only map: torch warns that it cannot make the tensor read-only; we never write it.
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(flat, dtype=torch.bfloat16).reshape(shape)
+        return torch.frombuffer(flat, dtype=dtype).reshape(shape)
+
+
+def bf16_view(raw: np.ndarray, shape: tuple[int, int]):
+    """A BF16 tensor's bytes as a torch bfloat16 tensor [out, in], a view of the memory map."""
+    return map_view(raw, torch.bfloat16, shape)
 
 
 def from_f32(dense: np.ndarray):

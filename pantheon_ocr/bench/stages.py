@@ -104,11 +104,14 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
 # ---------------------------------------------------------------------- stage benchmarks
 
 
-def _decode_model(model: str, storage: str, layers: int | None, kernel: bool):
-    """A decoder for bench_decode: its first `layers` layers, with or without the compiled decode attention."""
+def _decode_model(model: str, storage: str, layers: int | None, kernel: bool, step: bool):
+    """A decoder for bench_decode: its first `layers` layers, with or without the compiled decode
+    attention and the compiled step; no per-layer hook (a hooked decoder keeps the Python chain)."""
+    from ..engine.attention import TowerOptions
     from ..engine.loader import load_model
 
-    return load_model(model, storage, _tower(layers, [], decode_kernel=kernel)).decoder
+    _tower(layers, [])  # the same check of `layers`
+    return load_model(model, storage, TowerOptions(n_layers=layers, decode_kernel=kernel, decode_step=step)).decoder
 
 
 def _tower(layers: int | None, times: list[float], **kw):
@@ -228,17 +231,19 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
 
 def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32), context: int = 256,
                  steps: int = 8, layers: int | None = None, seed: int = 0, kv_dtype: str = "auto",
-                 kernels: tuple[bool, ...] = (True,)) -> dict:
+                 kernels: tuple[bool, ...] = (True,), steps_compiled: tuple[bool, ...] = (True,)) -> dict:
     """forward_batch alone: B sequences, each with `context` cached positions (random K/V: the
     values do not change the cost) in one `kv_dtype` pool, advanced one token per step. The
     batch sizes (and, with two `kernels`, a decoder with and one without the compiled decode
-    attention) take turns step by step (round robin), so that a change in machine load hits
-    them all alike; the median step time per B gives tokens/s = B / step."""
+    attention, and with two `steps_compiled` one with and one without the compiled step) take turns
+    step by step (round robin), so that a change in machine load hits them all alike; the median
+    step time per B gives tokens/s = B / step."""
     from ..engine.batch import forward_batch
     from ..engine.cache import kv_kind
 
     t0 = time.perf_counter()
-    decoders = {kernel: _decode_model(model, storage, layers, kernel) for kernel in kernels}
+    decoders = {(kernel, step): _decode_model(model, storage, layers, kernel, step)
+                for kernel in kernels for step in steps_compiled}
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     dec = next(iter(decoders.values()))
@@ -249,7 +254,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     rng = np.random.default_rng(seed)
     kv = rng.standard_normal((cfg.n_head_kv, context, cfg.head_dim), dtype=np.float32)
     groups = {}
-    for kernel, d in decoders.items():
+    for variant, d in decoders.items():
         pool = d.new_pool(kv_dtype)  # one pool for every batch: the padded decode attention of a real run
         for b in batch_sizes:
             states = []
@@ -261,7 +266,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
                 states.append(st)
             tokens = rng.integers(0, cfg.n_vocab, b).tolist()
             forward_batch(d, states, tokens)  # warm-up (and the KV caches reach their final size)
-            groups[kernel, b] = (d, states, tokens, [])
+            groups[(*variant, b)] = (d, states, tokens, [])
     for _ in range(steps):
         for d, states, tokens, times in groups.values():
             t = time.perf_counter()
@@ -272,7 +277,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     shapes = matmul_shapes(dec)
     if truncated:
         shapes = Counter({k: (v * n_full // len(dec.layers) if k != dec.output.shape else v) for k, v in shapes.items()})
-    for (kernel, b), (d, states, tokens, times) in groups.items():
+    for (kernel, compiled, b), (d, states, tokens, times) in groups.items():
         step = float(np.median(times))
         x = rng.standard_normal((b, cfg.n_embd), dtype=np.float32)
         head = float(np.median([_timed(lambda: dec.logits_of(x)) for _ in range(3)]))
@@ -280,14 +285,17 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
             step = head + (step - head) * n_full / len(dec.layers)
         # The bare GEMMs of one step at M = B (float32 BLAS, nothing around them), same load.
         roof = roofline_seconds(shapes, b, repeats=3) if storage == "f32" else None
-        rows.append({"batch": b, "kernel": kernel, "step_s": step, "tok_s": b / step, "head_s": head,
+        rows.append({"batch": b, "kernel": kernel, "compiled_step": compiled, "step_s": step, "tok_s": b / step, "head_s": head,
                      "roofline_tok_s": b / roof if roof else None, "steps_s": [round(t, 4) for t in times]})
     for r in rows:
-        r["speedup_vs_first"] = r["tok_s"] / next(x["tok_s"] for x in rows if x["kernel"] == r["kernel"])
+        r["speedup_vs_first"] = r["tok_s"] / next(x["tok_s"] for x in rows if x["kernel"] == r["kernel"]
+                                                  and x["compiled_step"] == r["compiled_step"])
     return {
         "stage": "decode", "storage": storage, "model": str(model), "context": context, "steps": steps,
         "kv_dtype": kv_dtype, "kernel_why": {str(k): d.torch_blocks.why if d.torch_blocks else "numpy decode step"
-                                             for k, d in decoders.items()},
+                                             for (k, _), d in decoders.items()},
+        "step_why": {str(s): d.torch_blocks.step_why if d.torch_blocks else "numpy decode step"
+                     for (_, s), d in decoders.items()},
         "layers_run": len(dec.layers), "layers_full": n_full, "estimated": truncated, "rows": rows,
         "load_s": load_s, "rss_after_load_mb": rss_load,
     }

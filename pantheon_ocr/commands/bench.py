@@ -168,37 +168,44 @@ def _ocr_line(r: dict, header: bool) -> None:
 @click.option("--decode-kernel", default="on", show_default=True,
               help="Decode attention over bfloat16 or int8 keys: on = the compiled kernel where it builds, off = torch's "
                    "products; on,off takes turns step by step.")
+@click.option("--decode-step", default="on", show_default=True,
+              help="A decode step's layer chain: on = one compiled call where it builds, off = the chain in Python; "
+                   "on,off takes turns step by step.")
 @click.option("--in-process", is_flag=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
-def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv_dtype, decode_kernel, in_process,
-           json_path) -> None:
+def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv_dtype, decode_kernel, decode_step,
+           in_process, json_path) -> None:
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
     from ..bench.isolation import cpu_info, run_isolated
     from ..engine.loader import auto_weights
 
     sizes = _ints(batch_sizes, "--batch-size")
     kernels = tuple(_on_off(decode_kernel, "--decode-kernel"))
+    compiled = tuple(_on_off(decode_step, "--decode-step"))
     storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w
                                   for w in _choices(weights, "--weights", WEIGHT_CHOICES)))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
-    click.echo(f"{'weights':9} {'kernel':6} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} "
+    click.echo(f"{'weights':9} {'kernel':6} {'step':4} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} "
                f"{'x B=' + str(sizes[0]):>6} {'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
     out = []
     for th in _threads(threads):
         for st in storages:
             kw = dict(model=model, storage=st, batch_sizes=sizes, context=context, steps=steps, layers=text_layers,
-                      kv_dtype=kv_dtype, kernels=kernels)
+                      kv_dtype=kv_dtype, kernels=kernels, steps_compiled=compiled)
             r = run_isolated("pantheon_ocr.bench.stages:bench_decode", kw, th, not in_process)
             out.append(r)
             for row in r["rows"]:
                 kernel = "on" if row["kernel"] else "off"
-                click.echo(f"{st:9} {kernel:6} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} "
+                step = "on" if row["compiled_step"] else "off"
+                click.echo(f"{st:9} {kernel:6} {step:4} {str(r['threads']):>7} {row['batch']:3d} {row['step_s']:7.3f} "
                            f"{row['tok_s']:7.1f} {row['speedup_vs_first']:6.2f} "
                            f"{(format(row['roofline_tok_s'], '8.1f') if row.get('roofline_tok_s') else '       -')} "
                            f"{row['head_s']:7.3f} {r['peak_rss_mb']:6.0f} MB "
                            f"{r['load_avg_before']:5.1f}")
     for why in dict.fromkeys(w for r in out for w in r["kernel_why"].values()):
         click.echo(f"decode attention: {why}")
+    for why in dict.fromkeys(w for r in out for w in r["step_why"].values()):
+        click.echo(f"decode step: {why}")
     if any(r["estimated"] for r in out):
         click.echo(f"step times scaled to full depth from {out[0]['layers_run']}/{out[0]['layers_full']} layers")
     _write_json(json_path, out)

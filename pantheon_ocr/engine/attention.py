@@ -46,6 +46,9 @@ class TowerOptions:
     # decode attention over a bfloat16 or int8 pool in the compiled kernel where it builds (backends/native.py);
     # False keeps torch's products (a benchmark or test of that path)
     decode_kernel: bool = True
+    # a decode step's whole layer chain in one compiled call where it builds (backends/native_step.py;
+    # it needs the compiled decode attention); False keeps the chain in Python (a benchmark or test)
+    decode_step: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:

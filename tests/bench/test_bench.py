@@ -120,6 +120,23 @@ def test_bench_decode_takes_turns_with_and_without_the_compiled_attention(tmp_pa
     assert d["kernel_why"]["True"] == native.decode_attention().why
 
 
+def test_bench_decode_takes_turns_with_and_without_the_compiled_step(tmp_path):
+    pytest.importorskip("torch")
+    from pantheon_ocr.engine.backends import native_step
+
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", TEXT, "--weights", "int8", "--batch-size", "1,2", "--context", "9",
+                 "--steps", "2", "--decode-step", "on,off", "--in-process", "--json", str(out)]) == 0
+    (d,) = json.loads(out.read_text())
+    assert [(r["compiled_step"], r["batch"]) for r in d["rows"]] == [(True, 1), (True, 2), (False, 1), (False, 2)]
+    assert d["step_why"]["False"] == "the Python chain (the tower's options ask for it)"
+    built = native_step.decode_step()
+    if built.lib is not None and native.decode_attention().kernel is not None:
+        assert d["step_why"]["True"] == built.why and built.why.startswith("compiled (")
+    else:
+        assert d["step_why"]["True"].startswith("the Python chain (")
+
+
 def test_cli_bench_ocr_and_decode_json(tmp_path):
     out = tmp_path / "ocr.json"
     assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--weights", "f32", "--flash", "on,off",

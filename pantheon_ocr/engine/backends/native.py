@@ -157,7 +157,7 @@ def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Bui
     found = next(((flags, path) for flags, path in builds if path.exists()), None)
     failures = []
     for flags, path in builds if found is None else ():
-        failed = _compile(exe, flags, path)
+        failed = compile_library(exe, [*flags, str(SOURCE)], path, BUILD_TIMEOUT)
         if failed is None:
             found = flags, path
             break
@@ -173,15 +173,15 @@ def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Bui
     return Built(kernel, f"the compiled {isa} kernel ({path}; {pool})")
 
 
-def _compile(exe: str, flags: tuple[str, ...], path: Path) -> str | None:
-    """Build SOURCE into path (a temporary name, then renamed); None, or what went wrong."""
+def compile_library(exe: str, args: list[str], path: Path, timeout: float) -> str | None:
+    """Build a library with compiler exe and args (flags and sources) into path (a temporary name,
+    then renamed); None, or what went wrong."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(fd)
-        done = subprocess.run([exe, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT)
+        done = subprocess.run([exe, *args, "-o", tmp], capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             return (done.stderr.strip().splitlines() or ["no message"])[-1]
         os.replace(tmp, path)  # whole or absent: another process may be loading it

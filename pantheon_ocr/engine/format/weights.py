@@ -111,6 +111,13 @@ class Weight:
             raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
         return linear(self._data, x, exact_rows)
 
+    def torch_data(self):
+        """The torch storages' matrix as torch_weights keeps it (a bfloat16 tensor, int8 (q, scale)
+        rows or Int4Groups): what a compiled caller multiplies (backends/native_step.py)."""
+        if self.storage not in TORCH_STORAGES:
+            raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
+        return self._data
+
     def _matmul_block(self, xb: np.ndarray) -> np.ndarray:
         """One exact-rows block xb [ROW_BLOCK, in] -> [ROW_BLOCK, out] as W @ xb.T: with the weight
         as the GEMM's left operand OpenBLAS runs these thin products ~1.6x faster than xb @ W.T

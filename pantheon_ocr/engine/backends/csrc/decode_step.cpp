@@ -168,7 +168,7 @@ int run(Step &st, int64_t B, float *h, const float *cos, const float *sin, int k
     const int64_t E = st.n_embd, D = st.head_dim, Hq = st.n_head, Hkv = st.n_kv;
     const int64_t qd = Hq * D, kvd = Hkv * D, qkv_w = qd + 2 * kvd;
     const size_t esize = kind == POOL_BF16 ? 2 : 1;
-    std::vector<float> xn(B * E), qkv(B * qkv_w), att(B * qd), o(B * E), gu(B * 2 * st.n_ff), act(B * st.n_ff);
+    std::vector<float> xn(B * E), qkv(B * qkv_w), qs(B * qd), att(B * qd), o(B * E), gu(B * 2 * st.n_ff), act(B * st.n_ff);
     std::vector<int64_t> lengths(B);
     for (int64_t b = 0; b < B; b++) lengths[b] = pos[b] + 1;
     for (size_t i = 0; i < st.layers.size(); i++) {
@@ -202,12 +202,11 @@ int run(Step &st, int64_t B, float *h, const float *cos, const float *sin, int k
                 store_row(v + hd * D, D, kind, static_cast<char *>(vbuf[i]) + at * D * esize,
                           kind == POOL_INT8 ? vs[i] + at : nullptr, nullptr);
             }
-            std::memcpy(att.data() + b * qd, q, sizeof(float) * qd); /* the queries, [B, Hq, D] */
+            std::memcpy(qs.data() + b * qd, q, sizeof(float) * qd); /* the queries, [B, Hq, D] */
         }
-        std::vector<float> q_rows(att);
         int rc = st.attention(kind, kbuf[i], vbuf[i], kind == POOL_INT8 ? ks[i] : nullptr,
                               kind == POOL_INT8 ? vs[i] : nullptr, kind == POOL_INT8 ? kc[i] : nullptr, cap, slot,
-                              lengths.data(), (int)B, q_rows.data(), att.data(), (int)Hkv, (int)(Hq / Hkv), (int)D,
+                              lengths.data(), (int)B, qs.data(), att.data(), (int)Hkv, (int)(Hq / Hkv), (int)D,
                               1.0f / std::sqrt((float)D), threads);
         if (rc != 0) return rc;
         linear(L.output, rows_bf16(att.data(), B, qd), o.data(), E);

@@ -116,7 +116,7 @@ def test_hooked_or_refused_steps_say_why_and_the_python_chain_decodes(monkeypatc
     no_kernel = load_model(LIGHTONOCR_TEXT, weights="int8", tower=TowerOptions(decode_kernel=False)).decoder
     assert no_kernel.torch_blocks.step is None and "decode attention" in no_kernel.torch_blocks.step_why
     built = native_step.build(tmp_path, cxx="no-such-compiler")
-    assert built.lib is None and "no C++ compiler" in built.why
+    assert built.lib is None and "'no-such-compiler' not found" in built.why and "CXX" in built.why
     monkeypatch.setattr(native_step, "decode_step", lambda: built)
     d = load_model(LIGHTONOCR_TEXT, weights="int8").decoder
     assert d.torch_blocks.step is None and d.torch_blocks.step_why == built.why

@@ -3,8 +3,7 @@ use and called through ctypes: decode attention over a bfloat16 or int8 KV pool
 (csrc/decode_attention.c says why it beats torch's products).
 
 The library is built once per source, flags and compiler into the user cache
-(`$PANTHEON_OCR_CACHE/kernels` or `~/.cache/pantheon-ocr/kernels`), written to a temporary name and
-renamed, so processes building at once (a Ray cluster's workers) never load half a file. It is
+(`$PANTHEON_OCR_CACHE/kernels` or `~/.cache/pantheon-ocr/kernels`; compiled.py). It is
 built for AVX-512 where the CPU has it, else AVX2 (ISAS). Where the CPU is not x86-64 with AVX2 and
 FMA, no compiler is found ($CC, else cc) or the build fails,
 `decode_attention()` says why and the engine keeps torch's products: the kernel is a speed-up,
@@ -21,18 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .common import cpu_flags, require_torch, user_cache_dir
+from .compiled import cached_build, find_compiler
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
 FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared")
@@ -138,60 +133,21 @@ def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Bui
     isa = isa or here[0]
     if isa not in here:
         return Built(None, f"torch's products (this CPU has no {isa})")
-    cc = cc or os.environ.get("CC") or "cc"
-    exe = shutil.which(cc)
-    if exe is None:
-        return Built(None, f"torch's products (no C compiler: {cc!r} not found; set CC to build the kernel)")
-    try:
-        said = subprocess.run([exe, "-v"], capture_output=True, text=True, timeout=BUILD_TIMEOUT)  # gcc and clang
-        version = said.stdout + said.stderr  # name the build: another compiler or release builds anew
-    except (OSError, subprocess.SubprocessError) as exc:
-        return Built(None, f"torch's products (asking {cc} its version failed: {exc})")
-    source = SOURCE.read_text()
-    builds = []  # (flags, path) in order of preference: OpenMP, then threads of its own
-    for threading in THREADING:
-        flags = (*FLAGS, *ISAS[isa][0], *threading)
-        key = hashlib.sha256("\0".join([source, " ".join(flags), exe, version]).encode()).hexdigest()[:16]
-        builds.append((flags, cache_dir / f"decode_attention-{key}.so"))
-    # one built before is taken as it is: a compiler without OpenMP is not asked again at every start
-    found = next(((flags, path) for flags, path in builds if path.exists()), None)
-    failures = []
-    for flags, path in builds if found is None else ():
-        failed = compile_library(exe, [*flags, str(SOURCE)], path, BUILD_TIMEOUT)
-        if failed is None:
-            found = flags, path
-            break
-        failures.append(failed)
-    if found is None:
-        return Built(None, f"torch's products ({cc} could not build {SOURCE.name}: {failures[-1]})")
-    flags, path = found
+    compiler = find_compiler("CC", "cc", cc)
+    if isinstance(compiler, str):
+        return Built(None, f"torch's products ({compiler})")
+    # in order of preference: OpenMP, then threads of its own
+    candidates = [[*FLAGS, *ISAS[isa][0], *threading, str(SOURCE)] for threading in THREADING]
+    found = cached_build(compiler, "decode_attention", SOURCE, candidates, cache_dir, BUILD_TIMEOUT)
+    if isinstance(found, str):
+        return Built(None, f"torch's products ({found})")
+    which, path = found
     try:
         kernel = DecodeAttention(path)
     except OSError as exc:
         return Built(None, f"torch's products ({path} does not load: {exc})")
-    pool = "torch's OpenMP threads" if "-fopenmp" in flags else "threads of its own (no OpenMP in the compiler)"
+    pool = "torch's OpenMP threads" if "-fopenmp" in THREADING[which] else "threads of its own (no OpenMP in the compiler)"
     return Built(kernel, f"the compiled {isa} kernel ({path}; {pool})")
-
-
-def compile_library(exe: str, args: list[str], path: Path, timeout: float) -> str | None:
-    """Build a library with compiler exe and args (flags and sources) into path (a temporary name,
-    then renamed); None, or what went wrong."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-        os.close(fd)
-        done = subprocess.run([exe, *args, "-o", tmp], capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            return (done.stderr.strip().splitlines() or ["no message"])[-1]
-        os.replace(tmp, path)  # whole or absent: another process may be loading it
-        tmp = None
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"building in {path.parent} failed: {exc}"
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 @functools.cache

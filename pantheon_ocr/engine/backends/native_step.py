@@ -9,8 +9,8 @@ product's rows are the ones torch_blocks computes) and runs everything between t
 A sequence's bits are the same alone and in any batch (tests/engine/test_native_step.py); they are
 not the Python chain's bits, whose norms and RoPE are torch operations summing in their own order.
 
-Built like native.py's kernel: once per source, flags, compiler and torch into the user cache,
-under a temporary name then renamed. Where no C++ compiler is found ($CXX, else c++), torch's
+Built like native.py's kernel (compiled.py): once per source, flags, compiler and torch into the
+user cache. Where no C++ compiler is found ($CXX, else c++), torch's
 headers are missing or the build fails, `decode_step()` says why and TorchBlocks keeps its Python
 chain: the compiled step is a speed-up, never a requirement.
 """
@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .common import require_torch, user_cache_dir
-from .native import compile_library
+from .compiled import cached_build, find_compiler
 
 torch = require_torch()
 
@@ -65,23 +61,17 @@ def _args(source: Path) -> list[str]:
 
 def build(cache_dir: Path, cxx: str | None = None) -> Built:
     """The step built (or found built) under cache_dir with compiler cxx ($CXX, else c++), or why not."""
-    cxx = cxx or os.environ.get("CXX") or "c++"
-    exe = shutil.which(cxx)
-    if exe is None:
-        return Built(None, f"the Python chain (no C++ compiler: {cxx!r} not found; set CXX to build the step)")
+    compiler = find_compiler("CXX", "c++", cxx)
+    if isinstance(compiler, str):
+        return Built(None, f"the Python chain ({compiler})")
     try:
-        said = subprocess.run([exe, "-v"], capture_output=True, text=True, timeout=60)
-        version = said.stdout + said.stderr
         args = _args(SOURCE)
-    except (OSError, subprocess.SubprocessError, ImportError) as exc:
-        return Built(None, f"the Python chain (asking {cxx} its version or torch its headers failed: {exc})")
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(args), exe, version, torch.__version__])
-                         .encode()).hexdigest()[:16]
-    path = cache_dir / f"decode_step-{key}.so"
-    if not path.exists():
-        failed = compile_library(exe, args, path, BUILD_TIMEOUT)
-        if failed is not None:
-            return Built(None, f"the Python chain ({cxx} could not build {SOURCE.name}: {failed})")
+    except ImportError as exc:
+        return Built(None, f"the Python chain (torch has no headers to build against: {exc})")
+    found = cached_build(compiler, "decode_step", SOURCE, [args], cache_dir, BUILD_TIMEOUT, extra=torch.__version__)
+    if isinstance(found, str):
+        return Built(None, f"the Python chain ({found})")
+    path = found[1]
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:

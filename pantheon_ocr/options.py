@@ -7,7 +7,7 @@ declarations, so `transcribe`, a nightly job and `bench pages` default to the sa
 errors.py this is a leaf: it imports nothing from the package but errors.py, so the engine may
 import it.
 
-    EngineOptions(model, mmproj, weights="bf16")     # how to build a page engine (engine/loader.py)
+    EngineOptions(model, mmproj, weights="auto")     # how to build a page engine (engine/loader.py)
     PipelineOptions(out_dir, batch_size=8, ...)      # how to run pages (pipeline/run.py)
     SamplingOptions(max_tokens=4096, ...)            # how a page's tokens are chosen (engine/sampling.py)
     spec(EngineOptions, "weights")                   # an Option: default, choices, range, help

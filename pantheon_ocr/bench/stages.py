@@ -132,24 +132,23 @@ def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -
 
 
 def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, repeats: int = 1,
-                 page: str = "letter", longest_edge: int | None = None, seed: int = 0) -> dict:
-    """Vision encoder + projector on one synthetic page: seconds per page (median of repeats)."""
+                 page: str = "letter", longest_edge: int | None = None, seed: int = 0, backend: str = "numpy",
+                 model: str | None = None) -> dict:
+    """Vision encoder + projector on one synthetic page: seconds per page (median of repeats).
+    backend: "numpy" (the engine's tower in `storage`) or one that make_vision_backend builds
+    for the pair (model, mmproj): torch, Core ML, auto. Layer times come from the towers' own
+    hooks (TowerOptions.on_layer; torch's forward hooks on its blocks), nothing is patched."""
     from ..engine.format.gguf import open_gguf
-    from ..engine.models.lightonocr import Projector
-    from ..engine.models.pixtral import PixtralVision, vision_config
     from ..engine.image.preprocess import preprocess
-    from ..engine.format.weights import WeightLoader
+    from ..engine.models.pixtral import vision_config
 
     t0 = time.perf_counter()
-    gf = open_gguf(mmproj)
-    vc = vision_config(gf)
+    vc = vision_config(open_gguf(mmproj))
     layer_times: list[float] = []
-    vision = PixtralVision(gf, vc, storage, _tower(layers, layer_times))
-    projector = Projector(WeightLoader(gf, storage), vc, 1e-6)  # the text eps (LightOnOCR: 1e-6)
+    encode, n_run, name = _vision_encoder(mmproj, storage, layers, layer_times, backend, model)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     n_full = vc.n_layer
-    truncated = len(vision.layers) < n_full
     edge = longest_edge or vc.longest_edge
     img = synthetic_page(*page_pixels(page, edge), seed=seed)
     t = time.perf_counter()
@@ -159,23 +158,75 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
     runs, proj_runs, estimates = [], [], []
     for _ in range(repeats):
         t = time.perf_counter()
-        x, grid = vision.forward(pixels)
-        t_enc = time.perf_counter() - t
-        t = time.perf_counter()
-        feats = projector.forward(x, grid)
-        t_proj = time.perf_counter() - t
-        runs.append(t_enc + t_proj)
+        feats, grid, t_proj = encode(pixels)
+        total = time.perf_counter() - t
+        runs.append(total)
         proj_runs.append(t_proj)
-        estimates.append(_estimate(t_enc, layer_times, len(vision.layers), n_full) + t_proj)
+        estimates.append(_estimate(total - t_proj, layer_times, n_run, n_full) + t_proj if layer_times else total)
     return {
-        "stage": "vision", "storage": storage, "mmproj": str(mmproj),
+        "stage": "vision", "storage": storage, "backend": name, "mmproj": str(mmproj),
         "image": f"{pixels.shape[2]}x{pixels.shape[1]}", "patches": int(grid[0] * grid[1]),
-        "image_tokens": int(feats.shape[0]), "layers_run": len(vision.layers), "layers_full": n_full,
-        "estimated": truncated, "repeats": repeats,
+        "image_tokens": int(feats.shape[0]), "layers_run": n_run, "layers_full": n_full,
+        "estimated": n_run < n_full, "repeats": repeats,
         "seconds_run": float(np.median(runs)), "seconds_page": float(np.median(estimates)),
-        "layer_s": float(np.median(layer_times)), "projector_s": float(np.median(proj_runs)),
-        "preprocess_s": preprocess_s, "load_s": load_s, "rss_after_load_mb": rss_load,
+        "layer_s": float(np.median(layer_times)) if layer_times else float("nan"),
+        "projector_s": float(np.median(proj_runs)), "preprocess_s": preprocess_s, "load_s": load_s, "rss_after_load_mb": rss_load,
     }
+
+
+def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: list[float], backend: str,
+                    model: str | None):
+    """(encode(pixels) -> (features, grid, projector seconds), layers built, the backend's name)."""
+    from ..engine.backends import make_vision_backend, plan_vision_backend
+    from ..engine.format.gguf import open_gguf
+    from ..engine.format.weights import WeightLoader
+    from ..engine.models.lightonocr import Projector
+    from ..engine.models.pixtral import PixtralVision, vision_config
+
+    if plan_vision_backend(backend, None, "auto")[0] == "numpy":
+        gf = open_gguf(mmproj)
+        vc = vision_config(gf)
+        vision = PixtralVision(gf, vc, storage, _tower(layers, layer_times))
+        projector = Projector(WeightLoader(gf, storage), vc, 1e-6)  # the text eps (LightOnOCR: 1e-6)
+
+        def encode(pixels):
+            x, grid = vision.forward(pixels)
+            t = time.perf_counter()
+            feats = projector.forward(x, grid)
+            return feats, grid, time.perf_counter() - t
+
+        return encode, len(vision.layers), f"numpy/{storage}"
+    from ..engine.backends.torch_vision import TorchVisionBackend
+    from ..engine.loader import load_vlm
+
+    if model is None:
+        raise ValueError(f"the {backend} vision backend is built for a model pair: give the text GGUF too")
+    # Another backend keeps its own weights: the numpy towers only map the files (as load_page_engine).
+    vlm = load_vlm(model, mmproj, weights="quantized", vision_weights="quantized", vision_tower=_tower(layers, []))
+    be = make_vision_backend(backend, vlm, dtype="auto")
+    projector_s: list[float] = []
+    if isinstance(be, TorchVisionBackend):  # its blocks and projector timed by torch's forward hooks
+        _time_modules(be.module.layers, layer_times)
+        _time_modules([be.module.projector], projector_s)
+    elif layers is not None:
+        raise ValueError(f"the {be.name} vision backend has no layer times to estimate full depth from: "
+                         "run all its layers")
+    patch = vlm.vision_config.patch_size
+
+    def encode(pixels):
+        before = len(projector_s)
+        feats = be.encode(pixels)
+        return feats, (pixels.shape[1] // patch, pixels.shape[2] // patch), sum(projector_s[before:])
+
+    return encode, len(vlm.vision.layers), f"{be.name}/{be.dtype}"
+
+
+def _time_modules(modules, times: list[float]) -> None:
+    """Append each run's seconds of every module to `times` (torch forward hooks)."""
+    for m in modules:
+        start: list[float] = []
+        m.register_forward_pre_hook(lambda *_, start=start: start.append(time.perf_counter()))
+        m.register_forward_hook(lambda *_, start=start: times.append(time.perf_counter() - start.pop()))
 
 
 def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: int | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from ..options import (OVERLAP_WORDS, STORAGE_MODES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
+from ..options import (OVERLAP_WORDS, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
 from .options import table_options
 
@@ -69,17 +69,20 @@ def bench() -> None:
 @bench.command("generate")
 @click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="Decoder GGUF (repeat for several).")
-@click.option("--weights", "storages", multiple=True, type=click.Choice(["quantized", "f32"]),
-              default=("quantized", "f32"), show_default=True)
+@click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
+              help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for each model here.")
 @click.option("--prefill-tokens", default=512, show_default=True, type=click.IntRange(1))
 @click.option("--decode-tokens", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--json", "as_json", is_flag=True)
-def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
+def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
     """Prefill and decode tokens/s per model and storage mode, with a numpy GEMM roofline."""
     from ..bench.isolation import cpu_info
     from ..bench.stages import bench_decoder
+    from ..engine.loader import auto_weights
 
-    rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models for s in storages]
+    choices = _choices(weights, "--weights", WEIGHT_CHOICES)
+    rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models
+            for s in dict.fromkeys(auto_weights(m)[0] if w == "auto" else w for w in choices)]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -96,9 +99,13 @@ def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
 @click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Text GGUF (qwen3).")
 @click.option("--mmproj", required=True, type=click.Path(exists=True, dir_okay=False), help="mmproj GGUF.")
 @click.option("--stage", default="vision,prefill", show_default=True, help="vision,prefill")
-@click.option("--weights", default="quantized,f32", show_default=True, help="Storage modes: quantized,f32")
-@click.option("--flash", default="on,off", show_default=True, help="Prefill attention: on = blocked, off = naive.")
-@click.option("--threads", default=None, help="BLAS threads per configuration, e.g. 1,2 (default: numpy's).")
+@click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
+              help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for this model here.")
+@click.option("--vision-backend", "vision_backends", default=spec(EngineOptions, "vision_backend").default,
+              show_default=True, help="e.g. numpy,torch; auto: what transcribe takes for this model here.")
+@click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off",
+              show_default=True, help="Prefill attention: on = blocked, off = naive; on,off runs both.")
+@click.option("--threads", default=None, help="Math threads per configuration, e.g. 1,2 (default: every core).")
 @click.option("--q-block", "q_blocks", default=None, help="Flash query rows per tile, e.g. 32,256 (default: the engine's).")
 @click.option("--vision-layers", type=click.IntRange(1), help="Run only N vision layers; full depth estimated.")
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
@@ -107,25 +114,34 @@ def generate(models, storages, prefill_tokens, decode_tokens, as_json) -> None:
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Median of N runs.")
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
-def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, text_layers, page, longest_edge,
-        repeats, in_process, json_path) -> None:
-    """Vision encoder and prefill seconds per page at the model's shapes (synthetic page)."""
+def ocr(model, mmproj, stage, weights, vision_backends, flash, threads, q_blocks, vision_layers, text_layers, page,
+        longest_edge, repeats, in_process, json_path) -> None:
+    """Vision encoder and prefill seconds per page at the model's shapes (synthetic page).
+    Defaults are transcribe's: `auto` weights and vision backend are planned for this model
+    here as transcribe plans them, so the figures are those of the path users run."""
     from ..bench.isolation import cpu_info, run_isolated
+    from ..engine.backends import BACKENDS
+    from ..engine.loader import plan_auto
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
-    storages = _choices(weights, "--weights", STORAGE_MODES)
+    plans = []  # (weights, vision backend) concrete, in order, each once
+    for w in _choices(weights, "--weights", WEIGHT_CHOICES):
+        for vb in _choices(vision_backends, "--vision-backend", BACKENDS):
+            o = plan_auto(EngineOptions(Path(model), Path(mmproj), weights=w, vision_backend=vb))[0]
+            plans.append((o.weights, o.vision_backend))
     flashes = _on_off(flash, "--flash")
     thread_list = _threads(threads)
     q_block_list = [None] if not q_blocks else _ints(q_blocks, "--q-block")
     click.echo(f"# {cpu_info()}")
     rows = []
     for th in thread_list:
-        for st in storages:
+        for st in dict.fromkeys(w for w, _ in plans):
             if "vision" in stages:
-                kw = dict(mmproj=mmproj, storage=st, layers=vision_layers, repeats=repeats, page=page,
-                          longest_edge=longest_edge)
-                rows.append(run_isolated("pantheon_ocr.bench.stages:bench_vision", kw, th, not in_process))
-                _ocr_line(rows[-1], header=len(rows) == 1)
+                for vb in dict.fromkeys(b for w, b in plans if w == st):
+                    kw = dict(mmproj=mmproj, storage=st, layers=vision_layers, repeats=repeats, page=page,
+                              longest_edge=longest_edge, backend=vb, model=model)
+                    rows.append(run_isolated("pantheon_ocr.bench.stages:bench_vision", kw, th, not in_process))
+                    _ocr_line(rows[-1], header=len(rows) == 1)
             if "prefill" in stages:
                 for fl in flashes:
                     for qb in (q_block_list if fl else [None]):
@@ -141,15 +157,15 @@ def ocr(model, mmproj, stage, weights, flash, threads, q_blocks, vision_layers, 
 
 def _ocr_line(r: dict, header: bool) -> None:
     if header:
-        click.echo(f"{'stage':8} {'weights':9} {'attn':9} {'threads':>7} {'layers':>7} {'tokens':>6} "
+        click.echo(f"{'stage':8} {'weights':9} {'on':16} {'threads':>7} {'layers':>7} {'tokens':>6} "
                    f"{'s/page':>8} {'s/layer':>8} {'peak RSS':>9} {'load':>5}")
-    attn = r.get("attention", "flash")
+    on = r.get("backend") or r.get("attention", "flash")  # vision: its backend; prefill: its attention
     if r.get("q_block"):
-        attn += f"/{r['q_block']}"
+        on += f"/{r['q_block']}"
     tokens = r.get("prompt_tokens", r.get("image_tokens"))
     layers = f"{r['layers_run']}/{r['layers_full']}"
     star = "*" if r["estimated"] else " "
-    click.echo(f"{r['stage']:8} {r['storage']:9} {attn:9} {str(r['threads']):>7} {layers:>7} {tokens:6d} "
+    click.echo(f"{r['stage']:8} {r['storage']:9} {on:16} {str(r['threads']):>7} {layers:>7} {tokens:6d} "
                f"{r['seconds_page']:7.2f}{star} {r['layer_s']:8.2f} {r['peak_rss_mb']:6.0f} MB "
                f"{r['load_avg_before']:5.1f}")
 

@@ -152,6 +152,36 @@ def test_cli_bench_ocr_and_decode_json(tmp_path):
     assert [r["batch"] for r in d["rows"]] == [1, 2] and d["kv_dtype"] == "float16"
 
 
+def test_bench_ocr_defaults_are_what_transcribe_plans(tmp_path):
+    """No --weights / --vision-backend: the storage and vision backend transcribe's plan_auto takes
+    for this pair here, so the figures are those of the path users run."""
+    from pantheon_ocr.engine.loader import plan_auto
+    from pantheon_ocr.options import EngineOptions
+
+    out = tmp_path / "ocr.json"
+    assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--longest-edge", "112", "--in-process",
+                 "--json", str(out)]) == 0
+    vision, prefill = json.loads(out.read_text())
+    planned = plan_auto(EngineOptions(Path(TEXT), Path(MMPROJ)))[0]
+    assert vision["storage"] == prefill["storage"] == planned.weights
+    assert vision["backend"].startswith(planned.vision_backend + "/")
+    assert prefill["attention"] == "flash"  # the table's attention, not both
+
+
+def test_bench_ocr_times_the_torch_vision_backend_by_its_own_hooks(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "ocr.json"
+    assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--stage", "vision", "--weights", "f32",
+                 "--vision-backend", "torch,numpy", "--vision-layers", "2", "--longest-edge", "112", "--repeats", "2",
+                 "--in-process", "--json", str(out)]) == 0
+    torch_row, numpy_row = json.loads(out.read_text())
+    assert torch_row["backend"].startswith("torch/") and numpy_row["backend"] == "numpy/f32"
+    for r in (torch_row, numpy_row):  # 2 of the tiny tower's 3 layers ran, each timed: full depth estimated
+        assert r["layers_run"] == 2 and r["layers_full"] == 3 and r["estimated"]
+        assert 0 < r["layer_s"] < r["seconds_run"] < r["seconds_page"] and r["projector_s"] > 0
+        assert r["image_tokens"] == torch_row["image_tokens"]
+
+
 def test_random_lightonocr_names_and_dtypes_match_the_converter():
     """The generator's tensor list = the converter's (the tiny fixture), layer for layer."""
     from gguf import GGMLQuantizationType as Q

@@ -45,6 +45,22 @@ def test_a_matrix_quantized_block_by_block_has_the_bits_of_the_whole(monkeypatch
     assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
 
 
+def test_a_prompts_int8_product_is_the_widened_matrix_rounded_once():
+    """Past ROW_BLOCK rows (a prompt) the int8 matrix is widened to bfloat16 for oneDNN's GEMM and its
+    row scales go on the bfloat16 product's columns: the bits of rounding (x @ q.T) to bfloat16, then
+    its float32 product with the scale to bfloat16 again."""
+    from pantheon_ocr.engine.format.torch_weights import ROW_BLOCK, linear
+
+    rng = np.random.default_rng(3)
+    for out, inp in ((96, 64), (256, 192)):
+        q, scale = int8_rows(rng.standard_normal((out, inp)).astype(np.float32))
+        x = torch.from_numpy(rng.standard_normal((ROW_BLOCK + 9, inp)).astype(np.float32))
+        with torch.inference_mode():
+            want = (torch.nn.functional.linear(x.to(torch.bfloat16), q.to(torch.bfloat16)).float()
+                    * scale.float()).to(torch.bfloat16).float()
+            assert torch.equal(linear((q, scale), x), want)
+
+
 def test_int8_weights_batch_rows_are_exact():
     model = load_model(LIGHTONOCR_TEXT, weights="int8")
     assert model.decoder.torch_blocks is not None

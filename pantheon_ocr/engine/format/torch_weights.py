@@ -149,8 +149,9 @@ def product(data, m: int = 1):
     if not isinstance(data, tuple):
         return lambda xb: F.linear(xb, data)
     q, scale = data
-    if m > ROW_BLOCK:
-        return lambda xb: (F.linear(xb, q.to(torch.bfloat16)).float() * scale.float()).to(torch.bfloat16)
+    if m > ROW_BLOCK:  # the scales on bfloat16 columns: bfloat16 x bfloat16 rounds its float32 product once, the
+        # bits of widening both, multiplying and rounding, in one pass instead of three (a page's prompt: ~0.4 s less)
+        return lambda xb: F.linear(xb, q.to(torch.bfloat16)) * scale
     return lambda xb: torch.ops.aten._weight_int8pack_mm(xb, q, scale)
 
 

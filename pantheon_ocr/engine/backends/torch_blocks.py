@@ -46,6 +46,7 @@ import numpy as np
 
 from ..cache import KVPool, Rows, write_step
 from ..cancel import check as check_cancelled
+from ..format.torch_weights import into_huge_pages
 from ..format.weights import Weight, can_stack, stack_rows
 from ..memory import TRIM_EVERY, release_free_memory
 from ..ops import apply_rope, rope_angles
@@ -93,6 +94,9 @@ class TorchBlocks:
         t = decoder.tower  # naive attention or tile sizes: a reference or a benchmark of the numpy kernels
         self.prefills = t.attention == "flash" and t.q_block is None and t.kv_block is None
         self.layers = [_layer(layer) for layer in decoder.layers]
+        # the matrices a decode step streams, in huge pages (memory.huge_page_buffer says why)
+        matrices = [getattr(layer, f) for layer in self.layers for f in _Layer.__dataclass_fields__]
+        into_huge_pages([decoder.token_embd, decoder.output, *(m for m in matrices if isinstance(m, Weight))])
         self.tiles = cpu_has_amx()  # prompts attend with torch's fused kernel (fused_causal_attention)
         self.steps = 0
         c = self.cfg

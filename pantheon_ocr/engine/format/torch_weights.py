@@ -281,6 +281,62 @@ def row_views(data, parts: list) -> list:
     return list(data.split(sizes))
 
 
+def tensors_of(data) -> tuple:
+    """The torch tensors a matrix's data holds (kind_of)."""
+    if isinstance(data, Int4Groups):
+        return data.packed, data.scales_zeros
+    return data if isinstance(data, tuple) else (data,)
+
+
+def with_tensors(data, tensors: tuple):
+    """The matrix `data` holding `tensors` (tensors_of's, in its order) instead of its own."""
+    if isinstance(data, Int4Groups):
+        return replace(data, packed=tensors[0], scales_zeros=tensors[1])
+    return tuple(tensors) if isinstance(data, tuple) else tensors[0]
+
+
+def into_huge_pages(weights: list) -> int:
+    """Move the copied torch matrices of `weights` (Weight objects; views of the file's map stay
+    where they are) into one buffer of transparent huge pages (memory.huge_page_buffer, which says
+    why), each storage copied whole so that views of it (a stack's parts) stay views of its copy,
+    and the old one freed before the next is copied (the load's peak grows by one matrix, not by
+    all of them). The bits are the same. Returns the bytes moved (0 where the platform has no huge
+    pages)."""
+    from ..memory import huge_page_buffer
+
+    storages: dict[int, list] = {}  # the storages' addresses -> [(weight, index of its tensor), ...]
+    for w in dict.fromkeys(w for w in weights if w.copied and w.storage in ("bf16", "int8")):
+        for i, t in enumerate(tensors_of(w.torch_data())):
+            storages.setdefault(t.untyped_storage().data_ptr(), []).append((w, i))
+    def storage_of(ref):
+        w, i = ref
+        return tensors_of(w.torch_data())[i].untyped_storage()
+
+    sizes = {ptr: storage_of(refs[0]).nbytes() for ptr, refs in storages.items()}
+    place, total = {}, 0
+    for ptr, n in sizes.items():
+        place[ptr] = total
+        total += -(-n // 64) * 64  # each storage on a cache line of its own
+    buf = huge_page_buffer(total)
+    if buf is None:
+        return 0
+    for ptr, refs in storages.items():
+        new = torch.from_numpy(buf[place[ptr]:place[ptr] + sizes[ptr]]).untyped_storage()
+        new.copy_(storage_of(refs[0]))
+        for w, i in refs:  # every tensor over the old storage, the same view of the new one
+            _rehome(w, i, new)
+        # no reference to the old storage is left: its pages went back before the next is copied
+    return total
+
+
+def _rehome(w, i: int, storage) -> None:
+    """Weight w's i-th tensor (tensors_of) as the same view of `storage`."""
+    ts = list(tensors_of(w.torch_data()))
+    t = ts[i]
+    ts[i] = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
+    w.set_torch_data(with_tensors(w.torch_data(), tuple(ts)))
+
+
 def shape_of(data) -> tuple[int, int]:
     if isinstance(data, Int4Groups):
         return data.shape

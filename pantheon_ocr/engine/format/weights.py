@@ -118,6 +118,13 @@ class Weight:
             raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
         return self._data
 
+    def set_torch_data(self, data) -> None:
+        """Replace the torch storages' matrix by one with the same bits held elsewhere
+        (torch_weights.into_huge_pages)."""
+        if self.storage not in TORCH_STORAGES:
+            raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
+        self._data = data
+
     def _matmul_block(self, xb: np.ndarray) -> np.ndarray:
         """One exact-rows block xb [ROW_BLOCK, in] -> [ROW_BLOCK, out] as W @ xb.T: with the weight
         as the GEMM's left operand OpenBLAS runs these thin products ~1.6x faster than xb @ W.T

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..engine.format.weights import Weight
+from ..options import TORCH_STORAGES
 from .isolation import rss_now_mb
 from .synthetic import page_pixels, synthetic_page
 
@@ -331,7 +332,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     for (kernel, compiled, b), (d, states, tokens, times) in groups.items():
         step = float(np.median(times))
         x = rng.standard_normal((b, cfg.n_embd), dtype=np.float32)
-        head = float(np.median([_timed(lambda: dec.logits_of(x)) for _ in range(3)]))
+        head = float(np.median([_timed(lambda: dec.logits_of(x, exact=True)) for _ in range(3)]))  # as a step
         if truncated:  # scale the layer part only; the LM head runs once per step at any depth
             step = head + (step - head) * n_full / len(dec.layers)
         # The bare GEMMs of one step at M = B (float32 BLAS, nothing around them), same load.
@@ -347,6 +348,16 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
                                              for (k, _), d in decoders.items()},
         "step_why": {str(s): d.torch_blocks.step_why if d.torch_blocks else "numpy decode step"
                      for (_, s), d in decoders.items()},
+        "products_why": _products_why(storage),
         "layers_run": len(dec.layers), "layers_full": n_full, "estimated": truncated, "rows": rows,
         "load_s": load_s, "rss_after_load_mb": rss_load,
     }
+
+
+def _products_why(storage: str) -> str:
+    """Which products multiply a decode step's rows under this storage, and why."""
+    if storage not in TORCH_STORAGES:
+        return "numpy's products"
+    from ..engine.backends.products import products
+
+    return products().why

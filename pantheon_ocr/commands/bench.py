@@ -222,6 +222,8 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
         click.echo(f"decode attention: {why}")
     for why in dict.fromkeys(w for r in out for w in r["step_why"].values()):
         click.echo(f"decode step: {why}")
+    for why in dict.fromkeys(r["products_why"] for r in out):
+        click.echo(f"products: {why}")
     if any(r["estimated"] for r in out):
         click.echo(f"step times scaled to full depth from {out[0]['layers_run']}/{out[0]['layers_full']} layers")
     _write_json(json_path, out)

@@ -7,8 +7,8 @@ benchmarks, scripts and Ray workers.
 
 Nothing here prints: what a person should know about the engine (a tiny test model, what `auto`
 chose for the weights and the vision backend, and why) comes back as `notes`, one sentence each,
-for the caller to show; the choices start with "weights:", "vision backend:", "KV cache:" and
-"decode attention:" (PLAN_NOTES).
+for the caller to show; the choices start with "weights:", "vision backend:", "KV cache:",
+"decode attention:" and "products:" (PLAN_NOTES).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loa
     from .format.weights import Storage
 
 # notes that say what auto chose (the CLI shows why under -v)
-PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:")
+PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:", "products:")
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 # Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
 # numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).
@@ -94,8 +94,8 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     with int8 weights, and prompts multiply in float32 there, faster than f32's numpy loop. The
     torch (or Core ML) vision backend where installed, unless the vision tower is small (numpy runs
     a page's line pieces in one pass). Chosen once, before any weight is read. With torch weights,
-    also the KV cache auto takes and which decode attention runs (the compiled kernel is built here
-    if it can be)."""
+    also the KV cache auto takes, which decode attention runs and which products multiply the
+    decode steps' rows (the compiled kernels are built here if they can be)."""
     from .cache import kv_kind
 
     o, why = options, []
@@ -113,6 +113,9 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
                        + ")")
         if kv in ("bfloat16", "int8"):
             why.append(f"decode attention: {built.why}")
+        from .backends.products import products
+
+        why.append(f"products: {products().why}")
     if o.vision_backend == "auto" and o.device is None and o.vision_dtype == "auto":
         vision_params = _params(o.mmproj)
         if vision_params is not None and vision_params < SMALL_PARAMS:

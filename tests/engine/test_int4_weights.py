@@ -1,6 +1,7 @@
-"""4-bit groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit (torch's
-int4-weight kernel, format/torch_weights.Int4Groups): the file's values, exact rows whatever the
-batch, a stack the same bits as its parts, and the error against float32 stated."""
+"""4-bit groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit
+(format/torch_weights.Int4Groups: the compiled products' tiles where they build, else torch's
+int4-weight kernel's layout; both are tested here): the file's values, exact rows whatever the batch,
+a stack the same bits as its parts, and the error against float32 stated."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pantheon_ocr.engine import load_model  # noqa: E402
 from pantheon_ocr.engine.format import torch_weights as TW  # noqa: E402
 
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
+from .test_products import products_or_skip  # noqa: E402
 from .test_kv_int8 import greedy  # noqa: E402
 from .tiny_models import write_tiny  # noqa: E402
 
@@ -28,26 +30,40 @@ def _blocks(qtype: Q, shape=(64, 96), seed=0) -> tuple[np.ndarray, np.ndarray]:
     return raw, quants.dequantize(raw, qtype).astype(np.float32)
 
 
+@pytest.fixture(params=["tiles", "torch"])
+def layout(request, monkeypatch) -> str:
+    """Int4Groups as the compiled products' tiles (skipped where they do not build), or in torch's
+    layout (the compiled products hidden, as where they do not build)."""
+    if request.param == "tiles":
+        products_or_skip()
+    else:
+        monkeypatch.setattr(TW, "compiled_products", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
-def test_4bit_groups_multiply_as_the_files_values(qtype):
-    """The product is x @ W.T of the file's own dequantized values, up to bfloat16 (the input rows,
-    the scales and the output are rounded to it): not a second quantization."""
+def test_4bit_groups_multiply_as_the_files_values(qtype, layout):
+    """The product is x @ W.T of the file's own dequantized values, up to the rounding of the rows
+    (int8 blocks of 32 for tiles; bfloat16 in torch's layout, whose scales and output are rounded
+    to it too): not a second quantization of the weights."""
     raw, dense = _blocks(qtype)
     data = TW.int4_groups(raw, qtype)
     assert data.shape == dense.shape and TW.kind_of(data) == "int4"
-    assert TW.nbytes(data) == dense.size // 2 + 2 * 2 * dense.size // 32  # half a byte + 2 bf16 per group
+    assert (data.tiles is not None) == (layout == "tiles")
+    assert TW.nbytes(data) == dense.size // 2 + 2 * 2 * dense.size // 32  # half a byte + 2 16-bit values per group
     x = torch.randn(5, dense.shape[1], generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         got = TW.linear(data, x).numpy()
     ref = x.to(torch.bfloat16).float().numpy() @ dense.T
     assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
     assert np.array_equal(TW.rows_f32(data, np.array([3, 0, 63])), dense[[3, 0, 63]])  # lookups: the file's rows
-    assert not TW.int4_fits(qtype, (48, 96)) and not TW.int4_fits(Q.Q8_0, dense.shape)  # int8 rows then
+    assert not TW.int4_fits(qtype, (40, 96)) and not TW.int4_fits(Q.Q8_0, dense.shape)  # int8 rows then
 
 
-def test_a_matrix_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
+def test_torch_layout_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
     """Packing QUANTIZE_ROWS rows at a time, and stacking matrices (q/k/v), change no bit: torch packs
     int4_pack_rows() rows at a time (measured here) and each output column reads its own row."""
+    monkeypatch.setattr(TW, "compiled_products", lambda: None)
     b = TW.int4_pack_rows()
     raw, _ = _blocks(Q.Q4_1, shape=(4 * b, 64))
     whole = TW.int4_groups(raw, Q.Q4_1)
@@ -71,8 +87,24 @@ def test_a_matrix_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
         TW.stack([parts[0], TW.int8_rows(np.ones((32, 64), np.float32))])
 
 
+def test_tiles_of_a_stack_are_its_parts_tiles():
+    """Stacking tiled matrices (q/k/v) concatenates whole tiles: the stack multiplies as its parts,
+    bit for bit, and its views are the stack's own tiles, not copies."""
+    products_or_skip()
+    raw, _ = _blocks(Q.Q4_1, shape=(80, 64))
+    parts = [TW.int4_groups(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 48), (48, 64), (64, 80))]
+    assert all(p.tiles is not None for p in parts) and TW.int4_fits(Q.Q4_1, (16, 64))
+    stacked = TW.stack(parts)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert torch.equal(TW.linear(stacked, x), torch.cat([TW.linear(p, x) for p in parts], dim=1))
+        views = TW.row_views(stacked, parts)
+        assert all(torch.equal(TW.linear(v, x), TW.linear(p, x)) for v, p in zip(views, parts))
+    assert views[1].tiles.data_ptr() == stacked.tiles[3:].data_ptr()
+
+
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1"])
-def test_4bit_file_loads_as_groups_and_batch_rows_are_exact(tmp_path, dtype):
+def test_4bit_file_loads_as_groups_and_batch_rows_are_exact(tmp_path, dtype, layout):
     path = tmp_path / "m.gguf"
     write_tiny(path, "qwen3", dtype=dtype)
     model = load_model(path, weights="int8")
@@ -87,7 +119,7 @@ def test_4bit_file_loads_as_groups_and_batch_rows_are_exact(tmp_path, dtype):
                                     pool=model.decoder.new_pool(kind)))
 
 
-def test_4bit_file_greedy_stream_is_its_float32_stream(tmp_path):
+def test_4bit_file_greedy_stream_is_its_float32_stream(tmp_path, layout):
     """Against the numpy float32 reference of the same Q4_1 file (its values dequantized): the
     greedy streams are equal; the error is bfloat16's (measured 2.0e-2 of the largest logit on
     SmolLM2-135M Q4_1, where its int8 rows measured 3.4e-2: test_int8_weights.py)."""

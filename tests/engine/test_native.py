@@ -26,7 +26,7 @@ from .conftest import LIGHTONOCR_TEXT  # noqa: E402
 
 
 def can_build_here() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= cpu_flags() \
+    return platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma", "f16c"} <= cpu_flags() \
         and shutil.which(os.environ.get("CC") or "cc") is not None
 
 
@@ -261,10 +261,12 @@ def test_the_decoder_takes_the_kernel_where_it_builds(kind):
     assert 0 < err <= 2e-2
 
 
-def test_the_plan_says_which_kv_cache_and_decode_attention_run(monkeypatch, tmp_path):
-    """auto with torch weights: the KV cache auto takes and the decode attention, each one note
-    (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no kernel."""
+def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypatch, tmp_path):
+    """auto with torch weights: the KV cache auto takes, the decode attention and the products, each
+    one note (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no
+    attention kernel, but its steps' products are still said."""
     from pantheon_ocr.engine import loader
+    from pantheon_ocr.engine.backends.products import products as products_of
     from pantheon_ocr.options import EngineOptions
 
     monkeypatch.setattr(loader, "_params", lambda path: 600_000_000)
@@ -272,11 +274,13 @@ def test_the_plan_says_which_kv_cache_and_decode_attention_run(monkeypatch, tmp_
     built = native.decode_attention()
     _, why = loader.plan_auto(options)
     kv = "int8" if built.kernel else "bfloat16"
-    assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}"]
+    products = products_of()
+    assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}",
+                                                  f"products: {products.why.split(' (')[0]}"]
     monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
     _, why = loader.plan_auto(options)
-    assert why == ["KV cache: bfloat16 (torch's decode products read bfloat16 fastest)",
-                   "decode attention: torch's products (no compiler)"]
+    assert why[:2] == ["KV cache: bfloat16 (torch's decode products read bfloat16 fastest)",
+                       "decode attention: torch's products (no compiler)"]
     _, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8",
                                             kv_dtype="float32"))
-    assert why == []
+    assert why == [f"products: {products.why}"]

@@ -60,8 +60,26 @@ def test_compiled_decode_tiny_archs_rows_are_exact(tmp_path, arch, weights):
                   pool=d.new_pool("int8"))
 
 
+@pytest.mark.parametrize("weights", ["int8", "bf16"])
+def test_compiled_decode_rows_are_exact_with_torchs_products(weights, monkeypatch):
+    """Where the compiled products do not build, the step multiplies with torch's kernels, and rows
+    stay exact: bf16 in fixed blocks of 16 rows. oneDNN's bfloat16 GEMM in one call of any M (what
+    a measurement on random matrices had allowed) gave sequence 9 here other bits in a batch of 14
+    than alone, on an AVX-512 BF16 EPYC."""
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    monkeypatch.setattr(TW, "compiled_products", lambda: None)
+    d = stepped(LIGHTONOCR_TEXT, weights)
+    assert d.torch_blocks.step._products is None
+    prompts = _prompts(d.cfg.n_vocab, 17, seed=77)
+    leaves = [3 if i % 3 == 2 else 6 for i in range(17)]
+    assert_varied(run_exact(d, prompts, _joins(17, 77), steps=6, leaves=leaves, no_repeat=True,
+                            pool=d.new_pool("bfloat16")))
+
+
 def test_compiled_decode_rows_are_exact_over_4_bit_groups():
-    """SmolLM2's Q4_1 matrices stay 4-bit (torch's int4 kernel), its tied head int8 rows."""
+    """SmolLM2's Q4_1 matrices stay 4-bit (the compiled products' tiles, else torch's int4 kernel),
+    its tied head int8 rows."""
     d = stepped(smollm2_or_skip(), "int8")
     prompts = _prompts(d.cfg.n_vocab, 5, seed=7)
     assert_varied(run_exact(d, prompts, [0, 0, 1, 2, 2], steps=4, check={0, 3}, pool=d.new_pool("int8")))

@@ -1,13 +1,14 @@
 """Compiled kernels of the torch decode step, built from csrc/ with the system C compiler on first
 use and called through ctypes: decode attention over a bfloat16 or int8 KV pool
-(csrc/decode_attention.c says why it beats torch's products).
+(csrc/decode_attention.c says why it beats torch's products), and the products of int8 rows and
+4-bit tiles with int8 activation rows (csrc/products.c).
 
-The library is built once per source, flags and compiler into the user cache
+Each library is built once per source, flags and compiler into the user cache
 (`$PANTHEON_OCR_CACHE/kernels` or `~/.cache/pantheon-ocr/kernels`; compiled.py). It is
-built for AVX-512 where the CPU has it, else AVX2 (ISAS). Where the CPU is not x86-64 with AVX2 and
-FMA, no compiler is found ($CC, else cc) or the build fails,
-`decode_attention()` says why and the engine keeps torch's products: the kernel is a speed-up,
-never a requirement.
+built for AVX-512 with VNNI, AVX-512 or AVX2, the best the CPU has (ISAS). Where the CPU is not
+x86-64 with AVX2 and FMA, no compiler is found ($CC, else cc) or the build fails,
+`decode_attention()` and `products()` say why and the engine keeps torch's products: the kernels
+are a speed-up, never a requirement.
 
 Its threads are torch's: built with OpenMP, the library takes the libgomp that torch loaded, so a
 call runs on the pool whose threads still spin from torch's last product. Threads of its own, one
@@ -30,12 +31,16 @@ from .common import cpu_flags, require_torch, user_cache_dir
 from .compiled import cached_build, find_compiler
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
-FLAGS = ("-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared")
+PRODUCTS_SOURCE = Path(__file__).parent / "csrc" / "products.c"
+FLAGS = ("-O2", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
 # Instruction sets a build may target, best first: the flags each adds to FLAGS and the CPU flags it
-# needs (FLAGS' AVX2 and FMA included). AVX-512 widens 16 stored values at a time (B = 16 LightOnOCR-1B
-# decode attention, 2,336 positions, int8 keys, Xeon with AVX-512: docs/benchmarks.md).
-BASE_NEEDS = frozenset({"avx2", "fma"})
-ISAS = {"AVX-512": (("-mavx512f", "-mavx512bw", "-mavx512vl"), BASE_NEEDS | {"avx512f", "avx512bw", "avx512vl"}),
+# needs (FLAGS' AVX2, FMA and F16C included). AVX-512 widens 16 stored values at a time (B = 16
+# LightOnOCR-1B decode attention, 2,336 positions, int8 keys, Xeon with AVX-512: docs/benchmarks.md);
+# VNNI multiplies 64 int8 pairs per instruction in the products.
+BASE_NEEDS = frozenset({"avx2", "fma", "f16c"})
+AVX512 = (("-mavx512f", "-mavx512bw", "-mavx512vl"), BASE_NEEDS | {"avx512f", "avx512bw", "avx512vl"})
+ISAS = {"AVX-512 VNNI": ((*AVX512[0], "-mavx512vnni"), AVX512[1] | {"avx512_vnni"}),
+        "AVX-512": AVX512,
         "AVX2": ((), BASE_NEEDS)}
 # Threads: OpenMP first, so that the kernel's threads are torch's own pool (its libgomp is the one
 # loaded; torch is imported before the library); threads of its own where the compiler has no OpenMP
@@ -124,29 +129,39 @@ def isas_here() -> list[str]:
     return [name for name, (_, needs) in ISAS.items() if needs <= flags]
 
 
-def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Built:
-    """The kernel built (or found built) under cache_dir with compiler cc ($CC, else cc) for one of
-    ISAS (the best this CPU has if None), or why not."""
+def _build(stem: str, source: Path, cache_dir: Path, cc: str | None, isa: str | None) -> tuple[Path, str, str] | str:
+    """A library of `source` built (or found built) under cache_dir with compiler cc ($CC, else cc)
+    for one of ISAS (the best this CPU has if None): (its path, the ISA, its threads), or why not."""
     here = isas_here()
     if not here:
-        return Built(None, "torch's products (the compiled kernel needs an x86-64 CPU with AVX2 and FMA)")
+        return "the compiled kernel needs an x86-64 CPU with AVX2, FMA and F16C"
     isa = isa or here[0]
     if isa not in here:
-        return Built(None, f"torch's products (this CPU has no {isa})")
+        return f"this CPU has no {isa}"
     compiler = find_compiler("CC", "cc", cc)
     if isinstance(compiler, str):
-        return Built(None, f"torch's products ({compiler})")
+        return compiler
     # in order of preference: OpenMP, then threads of its own
-    candidates = [[*FLAGS, *ISAS[isa][0], *threading, str(SOURCE)] for threading in THREADING]
-    found = cached_build(compiler, "decode_attention", SOURCE, candidates, cache_dir, BUILD_TIMEOUT)
+    candidates = [[*FLAGS, *ISAS[isa][0], *threading, str(source)] for threading in THREADING]
+    found = cached_build(compiler, stem, source, candidates, cache_dir, BUILD_TIMEOUT)
+    if isinstance(found, str):
+        return found
+    which, path = found
+    pool = "torch's OpenMP threads" if "-fopenmp" in THREADING[which] else "threads of its own (no OpenMP in the compiler)"
+    return path, isa, pool
+
+
+def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Built:
+    """The decode attention built (or found built) under cache_dir with compiler cc ($CC, else cc)
+    for one of ISAS (the best this CPU has if None), or why not."""
+    found = _build("decode_attention", SOURCE, cache_dir, cc, isa)
     if isinstance(found, str):
         return Built(None, f"torch's products ({found})")
-    which, path = found
+    path, isa, pool = found
     try:
         kernel = DecodeAttention(path)
     except OSError as exc:
         return Built(None, f"torch's products ({path} does not load: {exc})")
-    pool = "torch's OpenMP threads" if "-fopenmp" in THREADING[which] else "threads of its own (no OpenMP in the compiler)"
     return Built(kernel, f"the compiled {isa} kernel ({path}; {pool})")
 
 

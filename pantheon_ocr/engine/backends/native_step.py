@@ -31,7 +31,7 @@ torch = require_torch()
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 BUILD_TIMEOUT = 300  # seconds; torch's headers take ~10 s to compile on 2 cores
-KINDS = {"bf16": 0, "int8": 1, "int4": 2}  # torch_weights.kind_of -> the step's Kind
+KINDS = {"bf16": 0, "int8": 1, "int4": 2, "tiles": 3}  # torch_weights.kind_of (4-bit tiles apart) -> the step's Kind
 MODES = {(True, True): 0, (True, False): 1, (False, False): 2, (False, True): 2}  # (rows exact, lone too) -> Mode
 ROLES = {"qkv": 0, "output": 1, "gate_up": 2, "down": 3}
 DTYPES = {torch.bfloat16: 0, torch.int8: 1, torch.uint8: 2, torch.int32: 3, torch.float32: 4}
@@ -78,7 +78,7 @@ def build(cache_dir: Path, cxx: str | None = None) -> Built:
         return Built(None, f"the Python chain ({path} does not load: {exc})")
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.step_error.restype = ctypes.c_char_p
-    lib.step_new.argtypes = [i64, i64, i64, i64, i64, i64, ctypes.c_float, i32, p]
+    lib.step_new.argtypes = [i64, i64, i64, i64, i64, i64, ctypes.c_float, i32, p, p]
     lib.step_new.restype = p
     lib.step_free.argtypes = [p]
     lib.step_vectors.argtypes = [p, i64, *([p] * 8)]
@@ -102,12 +102,15 @@ class DecodeStep:
     blocks keep alive), then `run` per decode step."""
 
     def __init__(self, lib: ctypes.CDLL, blocks, attention_address: int):
-        from ..format.torch_weights import _exact_rows, kind_of
+        from ..format.torch_weights import _exact_rows, compiled_products, kind_of
 
         c = blocks.cfg
         self.lib, self.blocks, self.cfg = lib, blocks, c
+        kernel = compiled_products()  # int8 rows and 4-bit tiles multiplied as torch_weights.linear does
+        self._products = None if kernel is None else (ctypes.c_void_p * 5)(
+            *(kernel.address(f) for f in ("acts_size", "quantize_rows", "product_int8", "product_q4", "product_bf16")))
         self.handle = lib.step_new(len(blocks.layers), c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.eps,
-                                   int(c.rope_neox), attention_address)
+                                   int(c.rope_neox), attention_address, self._products)
         if not self.handle:
             raise ValueError(lib.step_error().decode())
         self._keep = []  # the contiguous tensors handed over by address
@@ -125,13 +128,17 @@ class DecodeStep:
                 for w in weights:
                     data = w.torch_data()
                     kind = kind_of(data)
-                    tensors = (data.packed, data.scales_zeros) if kind == "int4" else data if kind == "int8" \
-                        else (data, None)
+                    if kind == "int4" and data.tiles is not None:
+                        kind, tensors = "tiles", (data.tiles, None)
+                    else:
+                        tensors = (data.packed, data.scales_zeros) if kind == "int4" else data if kind == "int8" \
+                            else (data, None)
                     tensors = [None if t is None else t.contiguous() for t in tensors]
                     self._keep += tensors
                     (wt, st) = tensors
                     size = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
-                    rc = lib.step_matrix(self.handle, i, ROLES[role], KINDS[kind], MODES[_exact_rows(kind)],
+                    mode = MODES[_exact_rows(kind)] if kind != "tiles" else 0
+                    rc = lib.step_matrix(self.handle, i, ROLES[role], KINDS[kind], mode,
                                          w.shape[0], w.shape[1], wt.data_ptr(), DTYPES[wt.dtype], size(wt), wt.dim(),
                                          _ptr(st), DTYPES[st.dtype] if st is not None else 0,
                                          size(st) if st is not None else None, st.dim() if st is not None else 0)

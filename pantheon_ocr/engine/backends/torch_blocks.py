@@ -46,7 +46,7 @@ import numpy as np
 
 from ..cache import KVPool, Rows, write_step
 from ..cancel import check as check_cancelled
-from ..format.torch_weights import into_huge_pages
+from ..format.torch_weights import float_rows, into_huge_pages
 from ..format.weights import Weight, can_stack, stack_rows
 from ..memory import TRIM_EVERY, release_free_memory
 from ..ops import apply_rope, rope_angles
@@ -162,10 +162,11 @@ class TorchBlocks:
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.cfg.eps) * weight
 
     @staticmethod
-    def rows_in(h: torch.Tensor, exact: bool) -> torch.Tensor:
+    def rows_in(h: torch.Tensor, exact: bool, w: Weight) -> torch.Tensor:
         """A decode step's input rows to the projections that share them (q, k, v; gate, up), rounded
-        to bfloat16 once: each exact-rows product rounds its rows so (torch_weights.linear)."""
-        return h.to(torch.bfloat16) if exact else h
+        to bfloat16 once: each exact-rows product rounds its rows so (torch_weights.linear), unless
+        it quantizes float32 rows itself (the compiled products)."""
+        return h.to(torch.bfloat16) if exact and not float_rows(w.torch_data(), exact) else h
 
     def linear(self, x: torch.Tensor, w: Weight, bias: torch.Tensor | None, exact: bool) -> torch.Tensor:
         """x [M, in] float32 @ w.T as Weight.matmul computes it; exact: each row's bits independent of M."""
@@ -174,7 +175,7 @@ class TorchBlocks:
 
     def attention(self, i: int, layer: _Layer, h: torch.Tensor, rope: Rope, rows: Rows) -> torch.Tensor:
         c, n, exact = self.cfg, h.shape[0], rows.decode
-        q, k, v = self.qkv(layer, self.rows_in(h, exact), exact)
+        q, k, v = self.qkv(layer, self.rows_in(h, exact, layer.attn_q), exact)
         q = q.view(n, c.n_head, c.head_dim)  # [N, Hq, D]
         k = k.view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
         v = v.view(n, c.n_head_kv, c.head_dim)  # [N, Hkv, D]
@@ -233,7 +234,7 @@ class TorchBlocks:
                             for b, s in enumerate(states)])
 
     def ffn(self, layer: _Layer, h: torch.Tensor, exact: bool) -> torch.Tensor:
-        h = self.rows_in(h, exact)
+        h = self.rows_in(h, exact, layer.ffn_gate)
         if layer.ffn_gate_up is None:
             gate, up = self.linear(h, layer.ffn_gate, None, exact), self.linear(h, layer.ffn_up, None, exact)
         else:

@@ -9,10 +9,14 @@ instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's tim
 - bf16: the matrix as bfloat16 [out, in] (a BF16 tensor is a view of the file's pages), torch's
   `linear`.
 - int8: each row as int8 with one bfloat16 scale (its largest magnitude / 127), quantized at load
-  from whatever the file holds; torch's int8-weight kernel (aten._weight_int8pack_mm) widens the
-  weights as it multiplies, so a decode step reads one byte per weight instead of two. A matrix the
-  file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Int4Groups`, torch's int4-weight
-  kernel): half a byte per weight, and the file's own values rather than a second quantization.
+  from whatever the file holds, so a decode step reads one byte per weight instead of two. A matrix
+  the file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Int4Groups`): half a byte per
+  weight, and the file's own values rather than a second quantization.
+
+Where the compiled products build (backends/products.py, csrc/products.c), a decode step's rows
+(exact_rows) are quantized to int8 in blocks of 32 and multiplied by the int8 rows as integers, and
+4-bit matrices are held as its tiles, for every product; elsewhere torch's int8-weight kernel
+(aten._weight_int8pack_mm) and int4-weight kernel multiply bfloat16 rows, widening the weights.
 
 `linear` is the one product of both, for the numpy loop (through `Weight.matmul`) and the torch
 decode step (backends/torch_blocks.py). Imported only when a model is loaded with such weights.
@@ -76,6 +80,7 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
 
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
 INT4_GROUP = 32  # weights per scale (and zero) in both
+TILE = 16  # rows of a 4-bit tile (backends/products.py; not imported: it builds a library)
 _PACK_ROWS: list[int] = []  # int4_pack_rows, measured once per process
 
 
@@ -97,33 +102,57 @@ def int4_pack_rows() -> int:
 
 @dataclass(frozen=True, eq=False)
 class Int4Groups:
-    """A matrix the file holds as 4-bit groups, for torch's int4-weight kernel
-    (aten._weight_int4pack_mm_for_cpu): weight = (q - 8) * scale + zero per group of 32 along a row,
-    q in 0..15. Q4_0 (d * (q - 8)) is scale d, zero 0; Q4_1 (d * q + m) is scale d, zero m + 8d;
-    the file's float16 d and m are rounded to bfloat16, the kernel's type (2^-9 of a step at most).
-    Decode steps read half a byte per weight: torch's kernel with bfloat16 activations, one call for
-    any number of rows and a row's bits the same for every M (measured, `rows_exact_for_any_m`)."""
+    """A matrix the file holds as 4-bit groups, weight = d q + m per group of 32 along a row, q in
+    0..15 (Q4_0: m = -8 d), held one of two ways:
+    - tiles, where the compiled products build (backends/products.py): the file's nibbles, d and m
+      regrouped 16 rows at a time, the same values; every product quantizes its rows to int8.
+    - else torch's int4-weight kernel's layout (aten._weight_int4pack_mm_for_cpu): weight =
+      (q - 8) * scale + zero, scale d and zero m + 8d rounded to bfloat16, the kernel's type (2^-9 of
+      a step at most); bfloat16 rows, one call for any number of rows and a row's bits the same for
+      every M (measured, `rows_exact_for_any_m`).
+    Decode steps read half a byte per weight."""
 
-    packed: "torch.Tensor"  # q [out, in] in torch's int4 layout (uint8 [out, in / 2], 32 rows a block)
-    scales_zeros: "torch.Tensor"  # [in / 32, out, 2] bfloat16
+    packed: "torch.Tensor | None"  # q [out, in] in torch's int4 layout (uint8 [out, in / 2], 32 rows a block)
+    scales_zeros: "torch.Tensor | None"  # [in / 32, out, 2] bfloat16
     raw: np.ndarray | None  # the file's blocks [out, row_bytes] (a view of its map): rows decode from it
     qtype: Q
+    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, 320] (products.pack_q4), instead of packed
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.tiles is not None:
+            return self.tiles.shape[0] * TILE, self.tiles.shape[1] * INT4_GROUP
         return self.packed.shape[0], self.scales_zeros.shape[0] * INT4_GROUP
+
+
+def compiled_products():
+    """The compiled products (backends/products.Products), or None where they do not build."""
+    from ..backends.products import products
+
+    return products().kernel
 
 
 def int4_fits(qtype: Q, shape: tuple[int, int]) -> bool:
     """Whether a matrix stays 4-bit under int8 storage: a Q4_0 / Q4_1 one of whole row blocks
-    (int4_pack_rows)."""
-    return qtype in INT4_TYPES and shape[1] % INT4_GROUP == 0 and shape[0] % int4_pack_rows() == 0
+    (tiles of 16 rows, or int4_pack_rows for torch's kernel)."""
+    rows = TILE if compiled_products() is not None else int4_pack_rows()
+    return qtype in INT4_TYPES and shape[1] % INT4_GROUP == 0 and shape[0] % rows == 0
 
 
 def int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
-    """The file's Q4_0 / Q4_1 blocks raw [out, row_bytes] as `Int4Groups`, QUANTIZE_ROWS rows at a
-    time (q widened to int32 for torch's packing is 4 bytes a weight). A block is float16 d (and m
-    for Q4_1), then 16 bytes: the low nibbles are weights 0..15, the high ones 16..31."""
+    """The file's Q4_0 / Q4_1 blocks raw [out, row_bytes] as `Int4Groups`: tiles where the compiled
+    products build, else torch's layout QUANTIZE_ROWS rows at a time (q widened to int32 for torch's
+    packing is 4 bytes a weight). A block is float16 d (and m for Q4_1), then 16 bytes: the low
+    nibbles are weights 0..15, the high ones 16..31."""
+    if compiled_products() is not None and raw.shape[0] % TILE == 0:
+        from ..backends.products import pack_q4
+
+        return Int4Groups(None, None, raw, qtype, torch.from_numpy(pack_q4(raw, qtype)))
+    return torch_int4_groups(raw, qtype)
+
+
+def torch_int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
+    """int4_groups in torch's int4-weight layout, whether the compiled products build or not."""
     out, head = raw.shape[0], 2 if qtype == Q.Q4_0 else 4
     packs, sz = [], []
     for r in range(0, out, QUANTIZE_ROWS):
@@ -143,6 +172,8 @@ def product(data, m: int = 1):
     depend on M) widens the matrix to bfloat16 (exact: |q| <= 127) for oneDNN's GEMM: the int8
     kernel is 2.3x faster than bf16 at 1-2 rows but 2.7x slower at 512 (measured, LightOnOCR-1B
     layer shapes, 2 threads: 0.52 vs 1.21 ms per layer at one row, 51 vs 19 ms at 512)."""
+    if isinstance(data, Int4Groups) and data.tiles is not None:  # float32 results, rows quantized to int8
+        return lambda xb: compiled_products().q4(data.tiles, data.shape[0], xb.float())
     if isinstance(data, Int4Groups):  # any m, prompts too: 40 ms for 512 rows of 3,072 x 576 on AVX2, float32's
         # GEMM 28 ms on a matrix already widened (widening per product, from the file's blocks, was not tried)
         return lambda xb: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data.packed, INT4_GROUP, data.scales_zeros)
@@ -164,13 +195,38 @@ def float32_product(data, x):
     return F.linear(x, data.float())
 
 
+def compiled_kind(data, exact_rows: bool) -> str | None:
+    """Which compiled product (backends/products.py) multiplies `data`, or None for torch's: 4-bit
+    tiles always; int8 and bfloat16 rows in exact-rows products (decode steps), where it builds."""
+    if isinstance(data, Int4Groups):
+        return "tiles" if data.tiles is not None else None
+    if not exact_rows or compiled_products() is None:
+        return None
+    return "int8" if isinstance(data, tuple) else "bf16"
+
+
+def float_rows(data, exact_rows: bool) -> bool:
+    """Whether `linear` quantizes float32 rows itself (the compiled int8 and 4-bit products) rather
+    than multiplying bfloat16 ones."""
+    return compiled_kind(data, exact_rows) in ("tiles", "int8")
+
+
 def linear(data, x, exact_rows: bool = False):
     """x [M, in] torch float32 (or already bfloat16) @ W.T -> [M, out] torch float32, through
     bfloat16. exact_rows: each row's bits independent of M: one call for any M >= 2 where the
     kernel keeps rows apart (a lone row gets a zero partner: oneDNN picks another kernel at M = 1),
     else blocks of ROW_BLOCK rows.
-    A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32."""
+    A prompt (not exact_rows, more than ROW_BLOCK rows) on a CPU without bfloat16 units: float32.
+    Through the compiled products instead (compiled_kind): exact for any M by construction, int8 and
+    4-bit products on rows quantized to int8, bfloat16 ones with float32 sums."""
     m = x.shape[0]
+    compiled = compiled_kind(data, exact_rows)
+    if compiled == "tiles":
+        return compiled_products().q4(data.tiles, data.shape[0], x.float())
+    if compiled == "int8":
+        return compiled_products().int8(data[0], data[1], x.float())
+    if compiled == "bf16":
+        return compiled_products().bf16(data, x)
     if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16() and not isinstance(data, Int4Groups):
         return float32_product(data, x)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # rows already rounded: shared by projections
@@ -202,15 +258,14 @@ def kind_of(data) -> str:
 
 
 def rows_exact_for_any_m(kind: str) -> bool:
-    """Whether a kind's product (kind_of) gives a row the same bits for every number of rows M >= 2
-    on this machine (measured once per process on random matrices of a few shapes, both the
-    GEMV-like and the GEMM-like ones). oneDNN on AVX-512 BF16 does for bf16 (measured for M = 2..300
-    and 1-2 threads, shapes of SmolLM2, Qwen and LightOnOCR) but picks another kernel at M = 1 for
-    some shapes: so a decode step pads one row to two and runs any batch in one call, instead of
-    blocks of 16 rows, which costs a single stream up to 3x per projection. The int8 and int4
-    kernels are torch's own (no per-shape kernel choice as in oneDNN): where a lone row also gets
-    the bits it has among others (measured on the same shapes), it is not padded, two torch calls
-    fewer per projection."""
+    """Whether a kind's torch product (kind_of) gives a row the same bits for every number of rows
+    M >= 2 on this machine (measured once per process on random matrices of a few shapes, both the
+    GEMV-like and the GEMM-like ones); where it does, a decode step runs any batch in one call instead
+    of blocks of 16 rows (a single stream's product up to 3x faster). The int8 and int4 kernels are
+    torch's own (no per-shape kernel choice as in oneDNN): where a lone row also gets the bits it has
+    among others (measured on the same shapes), it is not padded either. bfloat16 (oneDNN) is never
+    taken as exact (`_exact_rows`). Where the compiled products build, none of these decide:
+    `compiled_kind`'s products are exact by construction."""
     return _exact_rows(kind)[0]
 
 
@@ -224,7 +279,12 @@ def _random_matrix(kind: str, out: int, inp: int, gen):
 
 
 def _exact_rows(kind: str) -> tuple[bool, bool]:
-    """(rows_exact_for_any_m, and a lone row's bits too: int8 and int4 only), measured once per process."""
+    """(rows_exact_for_any_m, and a lone row's bits too), measured once per process for torch's int8 and
+    int4 kernels. bfloat16 is never trusted: oneDNN measured exact on these shapes but gave a row of
+    LightOnOCR's tiny decoder one bfloat16 step more among 7 to 14 rows than alone (AVX-512 BF16 EPYC;
+    the input's own values decide), so its rows go in fixed blocks of ROW_BLOCK."""
+    if kind == "bf16":
+        return False, False
     if kind not in _ROWS_EXACT:
         gen = torch.Generator().manual_seed(0)
         ok = lone = True
@@ -234,9 +294,8 @@ def _exact_rows(kind: str) -> tuple[bool, bool]:
                 x = torch.randn(40, inp, generator=gen).to(torch.bfloat16)
                 ref = op(x[:2])
                 ok &= all(torch.equal(op(x[:m])[:2], ref) for m in (3, 5, 16, 17, 33, 40))
-                if kind != "bf16":  # bf16 keeps the pad whatever these shapes say
-                    lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
-        _ROWS_EXACT[kind] = bool(ok), bool(ok and lone and kind != "bf16")
+                lone &= all(torch.equal(op(x[i:i + 1]), ref[i:i + 1]) for i in range(2))
+        _ROWS_EXACT[kind] = bool(ok), bool(ok and lone)
     return _ROWS_EXACT[kind]
 
 
@@ -261,6 +320,8 @@ def stack(datas: list):
     kinds = {kind_of(d) for d in datas}
     if len(kinds) != 1:
         raise ValueError(f"cannot stack matrices of kinds {sorted(kinds)}")
+    if kinds == {"int4"} and datas[0].tiles is not None:  # whole tiles: the stack's tiles are its parts'
+        return Int4Groups(None, None, None, datas[0].qtype, torch.cat([d.tiles for d in datas]))
     if kinds == {"int4"}:
         return Int4Groups(torch.cat([d.packed for d in datas]), torch.cat([d.scales_zeros for d in datas], dim=1),
                           None, datas[0].qtype)
@@ -273,6 +334,8 @@ def row_views(data, parts: list) -> list:
     """A stack's rows (stack(parts)) cut back into its parts: views of the stack, nothing copied
     (4-bit groups: the packed rows are views, the few scales copies: the kernel takes them whole)."""
     sizes = [shape_of(p)[0] for p in parts]
+    if isinstance(data, Int4Groups) and data.tiles is not None:
+        return [replace(p, tiles=t) for p, t in zip(parts, data.tiles.split([n // TILE for n in sizes]))]
     if isinstance(data, Int4Groups):
         return [replace(p, packed=w, scales_zeros=sz.contiguous())
                 for p, w, sz in zip(parts, data.packed.split(sizes), data.scales_zeros.split(sizes, dim=1))]
@@ -284,13 +347,15 @@ def row_views(data, parts: list) -> list:
 def tensors_of(data) -> tuple:
     """The torch tensors a matrix's data holds (kind_of)."""
     if isinstance(data, Int4Groups):
-        return data.packed, data.scales_zeros
+        return (data.tiles,) if data.tiles is not None else (data.packed, data.scales_zeros)
     return data if isinstance(data, tuple) else (data,)
 
 
 def with_tensors(data, tensors: tuple):
     """The matrix `data` holding `tensors` (tensors_of's, in its order) instead of its own."""
     if isinstance(data, Int4Groups):
+        if data.tiles is not None:
+            return replace(data, tiles=tensors[0])
         return replace(data, packed=tensors[0], scales_zeros=tensors[1])
     return tuple(tensors) if isinstance(data, tuple) else tensors[0]
 
@@ -344,5 +409,4 @@ def shape_of(data) -> tuple[int, int]:
 
 
 def nbytes(data) -> int:
-    parts = (data.packed, data.scales_zeros) if isinstance(data, Int4Groups) else data if isinstance(data, tuple) else (data,)
-    return sum(t.numel() * t.element_size() for t in parts)
+    return sum(t.numel() * t.element_size() for t in tensors_of(data))

@@ -3,9 +3,11 @@
  *
  * Why: a SmolLM2-135M step at one sequence is 30 layers of ~70 small torch operations, each a few
  * microseconds of Python and dispatch: 17.5 ms a step, of which the products are ~7 ms (Xeon, 2
- * threads). Here the products are the same ATen calls as torch_weights.linear's exact-rows paths
- * (the same kernels, so the same bits per row), and everything between them is a plain loop over a
- * few thousand floats: norms, biases, RoPE, the KV pool's store, SwiGLU and the residual sums.
+ * threads). Here the products are torch_weights.linear's exact-rows paths (the same kernels, so the
+ * same bits per row): int8 rows and 4-bit tiles through csrc/products.c (handed over by address,
+ * each input's rows quantized once for the matrices that share them) where it builds, else the same
+ * ATen calls; everything between them is a plain loop over a few thousand floats: norms, biases,
+ * RoPE, the KV pool's store, SwiGLU and the residual sums.
  *
  * Exact rows: every loop below treats each row (sequence) alone, in an order that depends on the
  * shapes only, the products are exact-rows for any M (`Matrix.mode`), and attention is
@@ -22,11 +24,12 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <vector>
 
 namespace {
 
-enum Kind { BF16 = 0, INT8 = 1, INT4 = 2 };        /* torch_weights.kind_of */
+enum Kind { BF16 = 0, INT8 = 1, INT4 = 2, TILES = 3 }; /* torch_weights.kind_of; TILES: 4-bit tiles */
 enum Mode { ONE_CALL = 0, PAD_LONE = 1, BLOCKS = 2 }; /* torch_weights.linear's exact-rows paths */
 enum Role { QKV = 0, OUTPUT = 1, GATE_UP = 2, DOWN = 3 };
 enum Pool { POOL_BF16 = 0, POOL_INT8 = 1 };          /* decode_attention.c's kinds */
@@ -36,10 +39,20 @@ constexpr int64_t ROW_BLOCK = 16, INT4_GROUP = 32;
 using Attention = int (*)(int, const void *, const void *, const float *, const float *, const float *, int64_t,
                           const int64_t *, const int64_t *, int, const float *, float *, int, int, int, float, int);
 
+/* csrc/products.c's entry points, handed over by address (products.py loaded it), or all null */
+struct Products {
+    int64_t (*size)(int64_t, int64_t) = nullptr;
+    int (*quantize)(const float *, int64_t, int64_t, int64_t, void *) = nullptr;
+    int (*int8)(const int8_t *, const uint16_t *, int64_t, int64_t, const void *, int64_t, float *, int64_t,
+                int) = nullptr;
+    int (*q4)(const uint8_t *, int64_t, int64_t, const void *, int64_t, float *, int64_t, int) = nullptr;
+    int (*bf16)(const uint16_t *, int64_t, int64_t, const uint16_t *, int64_t, float *, int64_t, int) = nullptr;
+};
+
 struct Matrix {
     int kind = BF16, mode = ONE_CALL;
     int64_t out = 0, in = 0;
-    at::Tensor w, s; /* bf16 [out, in] | int8 [out, in] and bf16 scales [out] | int4 pack and scales_zeros */
+    at::Tensor w, s; /* bf16 [out, in] | int8 [out, in] and bf16 scales [out] | int4 pack and scales_zeros | tiles */
 };
 
 struct Layer {
@@ -54,7 +67,17 @@ struct Step {
     float eps;
     int neox;
     Attention attention;
+    Products products;
     std::vector<Layer> layers;
+};
+
+/* One product input x [m, k] float32 in the forms its matrices take, each made once: bfloat16 rows
+ * (torch's kernels) or int8 blocks (the compiled products) */
+struct Rows {
+    const float *x;
+    int64_t m, k;
+    at::Tensor bf16;
+    std::vector<uint8_t> acts;
 };
 
 /* float32 -> bfloat16 bits, rounded to nearest even (ops.to_bf16_bits, torch's rounding) */
@@ -93,9 +116,37 @@ at::Tensor product(const Matrix &a, const at::Tensor &xb) {
     return at::linear(xb, a.w);
 }
 
-/* y [m, a.out] (row stride ldy) = xb [m, in] @ W.T as torch_weights.linear(exact_rows=True) computes it */
-void linear(const Matrix &a, const at::Tensor &xb, float *y, int64_t ldy) {
-    int64_t m = xb.size(0);
+at::Tensor &bf16_of(Rows &r) {
+    if (!r.bf16.defined()) r.bf16 = rows_bf16(r.x, r.m, r.k);
+    return r.bf16;
+}
+
+const void *acts_of(Rows &r, const Products &p) {
+    if (r.acts.empty()) {
+        r.acts.resize(p.size(r.m, r.k));
+        if (p.quantize(r.x, r.m, r.k, r.k, r.acts.data()) != 0) throw std::runtime_error("rows not whole blocks of 32");
+    }
+    return r.acts.data();
+}
+
+/* y [m, a.out] (row stride ldy) = x [m, in] @ W.T as torch_weights.linear(exact_rows=True) computes it */
+void linear(const Matrix &a, Rows &x, float *y, int64_t ldy, const Products &p, int threads) {
+    int64_t m = x.m;
+    if (a.kind == BF16 && p.bf16) {
+        if (p.bf16(static_cast<const uint16_t *>(a.w.data_ptr()), a.out, a.in,
+                   static_cast<const uint16_t *>(bf16_of(x).data_ptr()), m, y, ldy, threads) != 0)
+            throw std::runtime_error("the compiled products refused a matrix");
+        return;
+    }
+    if (a.kind == TILES || (a.kind == INT8 && p.int8)) {
+        int rc = a.kind == TILES
+                     ? p.q4(static_cast<const uint8_t *>(a.w.data_ptr()), a.out, a.in, acts_of(x, p), m, y, ldy, threads)
+                     : p.int8(static_cast<const int8_t *>(a.w.data_ptr()), static_cast<const uint16_t *>(a.s.data_ptr()),
+                              a.out, a.in, acts_of(x, p), m, y, ldy, threads);
+        if (rc != 0) throw std::runtime_error("the compiled products refused a matrix");
+        return;
+    }
+    at::Tensor &xb = bf16_of(x);
     at::Tensor out;
     if (a.mode == ONE_CALL || (a.mode == PAD_LONE && m > 1)) {
         out = product(a, xb);
@@ -109,16 +160,16 @@ void linear(const Matrix &a, const at::Tensor &xb, float *y, int64_t ldy) {
         out = at::cat(parts).narrow(0, 0, m);
     }
     out = out.contiguous();
-    const uint16_t *p = reinterpret_cast<const uint16_t *>(out.data_ptr());
+    const uint16_t *o = reinterpret_cast<const uint16_t *>(out.data_ptr());
     for (int64_t r = 0; r < m; r++)
-        for (int64_t c = 0; c < a.out; c++) y[r * ldy + c] = from_bf16(p[r * a.out + c]);
+        for (int64_t c = 0; c < a.out; c++) y[r * ldy + c] = from_bf16(o[r * a.out + c]);
 }
 
 /* the matrices of one role side by side: y [m, sum of outs] */
-void linear_parts(const std::vector<Matrix> &parts, const at::Tensor &xb, float *y, int64_t ldy) {
+void linear_parts(const std::vector<Matrix> &parts, Rows &x, float *y, int64_t ldy, const Products &p, int threads) {
     int64_t col = 0;
     for (const Matrix &a : parts) {
-        linear(a, xb, y + col, ldy);
+        linear(a, x, y + col, ldy, p, threads);
         col += a.out;
     }
 }
@@ -174,7 +225,8 @@ int run(Step &st, int64_t B, float *h, const float *cos, const float *sin, int k
     for (size_t i = 0; i < st.layers.size(); i++) {
         const Layer &L = st.layers[i];
         for (int64_t b = 0; b < B; b++) rmsnorm(h + b * E, L.attn_norm, E, st.eps, xn.data() + b * E);
-        linear_parts(L.qkv, rows_bf16(xn.data(), B, E), qkv.data(), qkv_w);
+        Rows attn_in{xn.data(), B, E, {}, {}};
+        linear_parts(L.qkv, attn_in, qkv.data(), qkv_w, st.products, threads);
         for (int64_t b = 0; b < B; b++) {
             float *q = qkv.data() + b * qkv_w, *k = q + qd, *v = k + kvd;
             const float *bias[3] = {L.bq, L.bk, L.bv};
@@ -209,18 +261,21 @@ int run(Step &st, int64_t B, float *h, const float *cos, const float *sin, int k
                               lengths.data(), (int)B, qs.data(), att.data(), (int)Hkv, (int)(Hq / Hkv), (int)D,
                               1.0f / std::sqrt((float)D), threads);
         if (rc != 0) return rc;
-        linear(L.output, rows_bf16(att.data(), B, qd), o.data(), E);
+        Rows att_rows{att.data(), B, qd, {}, {}};
+        linear(L.output, att_rows, o.data(), E, st.products, threads);
         for (int64_t b = 0; b < B; b++)
             for (int64_t c = 0; c < E; c++) h[b * E + c] += L.bo ? o[b * E + c] + L.bo[c] : o[b * E + c];
         for (int64_t b = 0; b < B; b++) rmsnorm(h + b * E, L.ffn_norm, E, st.eps, xn.data() + b * E);
         const int64_t F = st.n_ff;
-        linear_parts(L.gate_up, rows_bf16(xn.data(), B, E), gu.data(), 2 * F);
+        Rows ffn_in{xn.data(), B, E, {}, {}};
+        linear_parts(L.gate_up, ffn_in, gu.data(), 2 * F, st.products, threads);
         for (int64_t b = 0; b < B; b++)
             for (int64_t c = 0; c < F; c++) {
                 float g = gu[b * 2 * F + c];
                 act[b * F + c] = g / (1.0f + std::exp(-g)) * gu[b * 2 * F + F + c]; /* silu(gate) * up */
             }
-        linear(L.down, rows_bf16(act.data(), B, F), o.data(), E);
+        Rows down_in{act.data(), B, F, {}, {}};
+        linear(L.down, down_in, o.data(), E, st.products, threads);
         for (int64_t b = 0; b < B; b++)
             for (int64_t c = 0; c < E; c++) h[b * E + c] += o[b * E + c];
     }
@@ -246,14 +301,24 @@ static thread_local char last_error[512];
 
 const char *step_error() { return last_error; }
 
+/* products: csrc/products.c's acts_size, quantize_rows, product_int8, product_q4 and product_bf16 by
+ * address, or null (int8 and bfloat16 rows then multiply through torch's kernels, and no matrix may be
+ * TILES) */
 void *step_new(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t n_ff,
-               float eps, int neox, void *attention) {
+               float eps, int neox, void *attention, void *const *products) {
     if (head_dim > 512 || head_dim % 2 || n_kv < 1 || n_head % n_kv) {
         std::snprintf(last_error, sizeof last_error, "shapes not taken: %lld heads over %lld, head_dim %lld",
                       (long long)n_head, (long long)n_kv, (long long)head_dim);
         return nullptr;
     }
-    Step *st = new Step{n_embd, n_head, n_kv, head_dim, n_ff, eps, neox, reinterpret_cast<Attention>(attention), {}};
+    Step *st = new Step{n_embd, n_head, n_kv, head_dim, n_ff, eps, neox, reinterpret_cast<Attention>(attention), {}, {}};
+    if (products) {
+        st->products.size = reinterpret_cast<int64_t (*)(int64_t, int64_t)>(products[0]);
+        st->products.quantize = reinterpret_cast<decltype(st->products.quantize)>(products[1]);
+        st->products.int8 = reinterpret_cast<decltype(st->products.int8)>(products[2]);
+        st->products.q4 = reinterpret_cast<decltype(st->products.q4)>(products[3]);
+        st->products.bf16 = reinterpret_cast<decltype(st->products.bf16)>(products[4]);
+    }
     st->layers.resize(n_layer);
     return st;
 }
@@ -273,7 +338,9 @@ int step_vectors(void *sp, int64_t layer, const float *attn_norm, const float *f
 int step_matrix(void *sp, int64_t layer, int role, int kind, int mode, int64_t out, int64_t in, void *w, int w_dtype,
                 const int64_t *w_size, int w_dim, void *s, int s_dtype, const int64_t *s_size, int s_dim) {
     try {
-        Layer &L = static_cast<Step *>(sp)->layers.at(layer);
+        Step &st = *static_cast<Step *>(sp);
+        Layer &L = st.layers.at(layer);
+        if (kind == TILES && !st.products.q4) throw std::runtime_error("4-bit tiles need the compiled products");
         Matrix a;
         a.kind = kind, a.mode = mode, a.out = out, a.in = in;
         auto opts = [](int code) { return at::TensorOptions().dtype(dtype_of(code)); };

@@ -1,0 +1,475 @@
+/* Products of int8 rows and 4-bit tiles with int8 activation rows, for x86-64 CPUs with AVX2 and
+ * FMA; with AVX-512 VNNI where the build has it (native.py builds and loads it).
+ *
+ * Why: a decode step streams every weight once for a handful of rows, so it runs at memory speed
+ * only if the arithmetic per weight byte is small. torch's int8 and int4 kernels widen each weight
+ * to float and multiply bfloat16 rows: SmolLM2-135M's 120 products took ~4.9 ms a step at ~13 GB/s
+ * (docs/benchmarks.md). Here, as in llama.cpp, each activation row is quantized to int8 in blocks
+ * of 32 (a float scale per block) and weights and activations are multiplied as integers, 64 pairs
+ * per instruction (vpdpbusd), exactly; floats enter once per block.
+ *
+ * Exact rows: an output (row m, column n) is one fixed sequence of operations on row m of the
+ * activations and row n of the matrix, whatever the number of rows, their grouping into register
+ * blocks or the thread that computes it, so a sequence's bits are the same alone and in any batch.
+ *
+ * Two layouts:
+ * - int8 rows: q [n, k] int8 with a bfloat16 scale per row (torch_weights.int8_rows), read as they
+ *   are. With VNNI each weight is offset to unsigned (w + 128 = w ^ 0x80) and the offset's share,
+ *   128 * sum(x), is taken off once per output row; AVX2 multiplies |w| by x with w's sign.
+ * - bfloat16 rows: w [n, k] as stored (a BF16 file's own pages), times bfloat16 activation rows,
+ *   float32 sums: vdpbf16ps where the CPU has AVX-512 BF16 (chosen at run time), else each value
+ *   widened to float32 and multiplied-added. oneDNN's bfloat16 GEMM gave a row other bits among 7 or
+ *   more rows than alone on an AVX-512 BF16 EPYC (one bfloat16 step in 14 rows' logits), so exact
+ *   rows cannot rest on it.
+ * - 4-bit tiles (pack_q4): the file's Q4_0 / Q4_1 blocks regrouped 16 rows at a time so that one
+ *   32-bit lane holds one row: per (16 rows, 32 columns) a record of 320 bytes, four 64-byte parts
+ *   (part p: for each of the 16 rows the 4 bytes 4p..4p+3 of its block, whose low nibbles are the
+ *   weights 4p..4p+3 and high nibbles 16+4p..19+4p), then the 16 rows' float16 scales d and
+ *   minimums m (Q4_0: m = -8 d). Weight = d q + m. A lane's row needs no horizontal sum, and the
+ *   AVX2 and VNNI paths make the same operations per lane: the same bits.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+#include <pthread.h>
+#endif
+
+#define QK 32         /* activation block, and a 4-bit group */
+#define TILE 16       /* rows of a 4-bit tile */
+#define RECORD 320    /* bytes of a tile's block: 256 of nibbles, 32 of d, 32 of m */
+#define ROWS 8        /* activation rows per register block */
+#define MAX_THREADS 64
+/* How far ahead the weights are asked for: the hardware prefetcher stops at each 4 KiB page. Measured
+ * on SmolLM2-135M's 120 matrices and head (AVX-512 EPYC, 2 threads): 30 layers 3.1 -> 2.8 ms, the
+ * int8 head 1.5 -> 1.0 ms. */
+#define AHEAD_ROWS 16    /* int8 rows */
+#define AHEAD_BYTES 4096 /* 4-bit tiles */
+#define INLINE static inline __attribute__((always_inline))
+
+enum { Q4_0 = 2, Q4_1 = 3 }; /* GGML's type codes */
+
+/* Quantized activation rows, in one buffer (acts_size): q [m, k] int8, then per row and block the
+ * scale d and s = d * sum(q) [m, k / 32] float32, each block's d repeated over 8 lanes [m, k / 4],
+ * and per row 128 * the sum of its s (the int8 rows' offset, VNNI). */
+typedef struct {
+    int64_t m, k, kb;
+    const int8_t *q;
+    const float *d, *s, *lanes, *offset;
+} acts_t;
+
+static int64_t up64(int64_t n) { return (n + 63) / 64 * 64; }
+
+static acts_t acts_of(const void *buf, int64_t m, int64_t k) {
+    const char *p = (const char *)buf;
+    int64_t kb = k / QK;
+    acts_t a = {m, k, kb, (const int8_t *)p, 0, 0, 0, 0};
+    p += up64(m * k);
+    a.d = (const float *)p, p += up64(4 * m * kb);
+    a.s = (const float *)p, p += up64(4 * m * kb);
+    a.lanes = (const float *)p, p += up64(4 * m * kb * 8);
+    a.offset = (const float *)p;
+    return a;
+}
+
+int64_t acts_size(int64_t m, int64_t k) {
+    int64_t kb = k / QK;
+    return up64(m * k) + 2 * up64(4 * m * kb) + up64(4 * m * kb * 8) + up64(4 * m);
+}
+
+/* x [m, k] float32 (row stride ldx) -> buf: each block of 32 as d = its largest magnitude / 127 and
+ * q = x / d rounded to nearest even (all zero where the block is) */
+int quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx, void *buf) {
+    if (k % QK) return -1;
+    acts_t a = acts_of(buf, m, k);
+    int8_t *q = (int8_t *)a.q;
+    float *d = (float *)a.d, *s = (float *)a.s, *lanes = (float *)a.lanes, *offset = (float *)a.offset;
+    for (int64_t r = 0; r < m; r++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < a.kb; b++) {
+            const float *xb = x + r * ldx + b * QK;
+            int8_t *qb = q + r * k + b * QK;
+            float top = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                float v = xb[i] < 0 ? -xb[i] : xb[i];
+                top = v > top ? v : top;
+            }
+            float db = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < QK; i++) {
+                int v = (int)__builtin_nearbyintf(xb[i] * inv);
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                qb[i] = (int8_t)v;
+                sum += v;
+            }
+            d[r * a.kb + b] = db;
+            s[r * a.kb + b] = db * (float)sum;
+            for (int j = 0; j < 8; j++) lanes[(r * a.kb + b) * 8 + j] = db;
+            total += s[r * a.kb + b];
+        }
+        offset[r] = 128.0f * total;
+    }
+    return 0;
+}
+
+INLINE float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+INLINE float sum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI 1
+
+/* int8 rows n0..n1 (two at a time) against activation rows m0..m0+r: lane j of a 64-column chunk
+ * sums 4 products of block (2c + j / 8) */
+INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, int two, const acts_t *a,
+                            int64_t m0, int r, float *y, int64_t ldy) {
+    const int64_t k = a->k;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[2][ROWS];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < k; c += 64) {
+        __mmask64 mask = k - c >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - c)) - 1);
+        __m512i w0 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + n * k + c), flip);
+        __m512i w1 = two ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + (n + 1) * k + c), flip) : w0;
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0); /* never faults */
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        for (int j = 0; j < r; j++) {
+            __m512i x = _mm512_maskz_loadu_epi8(mask, a->q + (m0 + j) * k + c);
+            __m512 l = _mm512_maskz_loadu_ps((__mmask16)(mask == ~(__mmask64)0 ? 0xFFFF : 0x00FF),
+                                             a->lanes + (m0 + j) * a->kb * 8 + c / 4);
+            acc[0][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x)), l,
+                                        acc[0][j]);
+            if (two)
+                acc[1][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, x)),
+                                            l, acc[1][j]);
+        }
+    }
+    for (int i = 0; i < 1 + two; i++)
+        for (int j = 0; j < r; j++) {
+            __m512 v = acc[i][j];
+            float t = sum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+            y[(m0 + j) * ldy + n + i] = bf16_to_f32(scale[n + i]) * (t - a->offset[m0 + j]);
+        }
+}
+#else
+#define VNNI 0
+
+/* int8 rows n..n+two against activation rows m0..m0+r, 32 columns (one block) at a time: |w| times x
+ * with w's sign, pairs summed in 16 bits (at most 2 * 127 * 127: no saturation) */
+INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, int two, const acts_t *a,
+                            int64_t m0, int r, float *y, int64_t ldy) {
+    const int64_t k = a->k;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][ROWS];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < ROWS; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += QK) {
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + n * k + c));
+        __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(w + (n + 1) * k + c)) : w0;
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0); /* never faults */
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+        for (int j = 0; j < r; j++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + (m0 + j) * k + c));
+            __m256 db = _mm256_set1_ps(a->d[(m0 + j) * a->kb + c / QK]);
+            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones);
+            acc[0][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), db, acc[0][j]);
+            if (two) {
+                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones);
+                acc[1][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), db, acc[1][j]);
+            }
+        }
+    }
+    for (int i = 0; i < 1 + two; i++)
+        for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = bf16_to_f32(scale[n + i]) * sum8(acc[i][j]);
+}
+#endif
+
+/* One 4-bit tile (16 rows) against activation rows m0..m0+r; writes the tile's `live` columns. The
+ * operations per lane: for each block, acc = fma(float(isum), d * xd, acc), then acc = fma(m, xs, acc). */
+#if VNNI
+INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, float *y, int64_t ldy, int64_t n0,
+                    int live) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[ROWS];
+    for (int j = 0; j < ROWS; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->kb; b++) {
+        const uint8_t *rec = tile + b * RECORD;
+        for (int l = 0; l < RECORD; l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        for (int p = 0; p < 4; p++) {
+            __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * p));
+            lo[p] = _mm512_and_si512(v, low);
+            hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
+        __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
+        for (int j = 0; j < r; j++) {
+            const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
+            __m512i s = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) {
+                s = _mm512_dpbusd_epi32(s, lo[p], _mm512_set1_epi32(x[p]));
+                s = _mm512_dpbusd_epi32(s, hi[p], _mm512_set1_epi32(x[4 + p]));
+            }
+            int64_t at = (m0 + j) * a->kb + b;
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(a->d[at])), acc[j]);
+            acc[j] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->s[at]), acc[j]);
+        }
+    }
+    __mmask16 keep = (__mmask16)((1u << live) - 1);
+    for (int j = 0; j < r; j++) _mm512_mask_storeu_ps(y + (m0 + j) * ldy + n0, keep, acc[j]);
+}
+#else
+INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, float *y, int64_t ldy, int64_t n0,
+                    int live) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 of the tile */
+        if (8 * h >= live) break;
+        __m256 acc[ROWS];
+        for (int j = 0; j < ROWS; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < a->kb; b++) {
+            const uint8_t *rec = tile + b * RECORD;
+            for (int l = 0; l < RECORD; l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
+            __m256i lo[4], hi[4];
+            for (int p = 0; p < 4; p++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
+                lo[p] = _mm256_and_si256(v, low);
+                hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
+            __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            for (int j = 0; j < r; j++) {
+                const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
+                __m256i s = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) { /* q <= 15: pairs of q x fit 16 bits */
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(x[p])), ones));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(x[4 + p])), ones));
+                }
+                int64_t at = (m0 + j) * a->kb + b;
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(a->d[at])), acc[j]);
+                acc[j] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a->s[at]), acc[j]);
+            }
+        }
+        int n = live - 8 * h < 8 ? live - 8 * h : 8;
+        for (int j = 0; j < r; j++) {
+            float out[8];
+            _mm256_storeu_ps(out, acc[j]);
+            memcpy(y + (m0 + j) * ldy + n0 + 8 * h, out, sizeof(float) * n);
+        }
+    }
+}
+#endif
+
+
+/* ---- bfloat16 rows: lane j of a 32-column chunk sums columns 2j and 2j + 1 (AVX-512), or 8 lanes
+ * of one column each (AVX2 without AVX-512) ---- */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+static void bf16_rows_dp(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+                         float *y, int64_t ldy) {
+    __m512 acc[2][ROWS];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < k; c += 32) {
+        __mmask32 mask = k - c >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (k - c)) - 1);
+        __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + n * k + c);
+        __m512bh w1 = two ? (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n + 1) * k + c) : w0;
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        for (int j = 0; j < r; j++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (m0 + j) * k + c);
+            acc[0][j] = _mm512_dpbf16_ps(acc[0][j], xv, w0);
+            if (two) acc[1][j] = _mm512_dpbf16_ps(acc[1][j], xv, w1);
+        }
+    }
+    for (int i = 0; i < 1 + two; i++)
+        for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+                          float *y, int64_t ldy) {
+    __m512 acc[2][ROWS];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
+#define WIDEN16(p, mask) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16))
+    for (int64_t c = 0; c < k; c += 16) {
+        __mmask16 mask = k - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - c)) - 1);
+        __m512 w0 = WIDEN16(w + n * k + c, mask), w1 = two ? WIDEN16(w + (n + 1) * k + c, mask) : w0;
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        for (int j = 0; j < r; j++) {
+            __m512 xv = WIDEN16(x + (m0 + j) * k + c, mask);
+            acc[0][j] = _mm512_fmadd_ps(xv, w0, acc[0][j]);
+            if (two) acc[1][j] = _mm512_fmadd_ps(xv, w1, acc[1][j]);
+        }
+    }
+#undef WIDEN16
+    for (int i = 0; i < 1 + two; i++)
+        for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+#else
+static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+                          float *y, int64_t ldy) {
+    __m256 acc[2][ROWS];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < ROWS; j++) acc[i][j] = _mm256_setzero_ps();
+#define WIDEN8(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+    int64_t c = 0;
+    for (; c + 8 <= k; c += 8) {
+        __m256 w0 = WIDEN8(w + n * k + c), w1 = two ? WIDEN8(w + (n + 1) * k + c) : w0;
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        for (int j = 0; j < r; j++) {
+            __m256 xv = WIDEN8(x + (m0 + j) * k + c);
+            acc[0][j] = _mm256_fmadd_ps(xv, w0, acc[0][j]);
+            if (two) acc[1][j] = _mm256_fmadd_ps(xv, w1, acc[1][j]);
+        }
+    }
+#undef WIDEN8
+    for (int i = 0; i < 1 + two; i++)
+        for (int j = 0; j < r; j++) {
+            float t = sum8(acc[i][j]);
+            for (int64_t e = c; e < k; e++) /* k is a multiple of 2 at least; the rest one by one */
+                t += bf16_to_f32(x[(m0 + j) * k + e]) * bf16_to_f32(w[(n + i) * k + e]);
+            y[(m0 + j) * ldy + n + i] = t;
+        }
+}
+#endif
+
+static int bf16_units(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+/* ---- the work split: items (pairs of int8 rows, or tiles) in equal static shares ---- */
+
+typedef struct {
+    int kind; /* 0 int8 rows, 1 q4 tiles, 2 bfloat16 rows */
+    const void *w;
+    const uint16_t *scale;
+    const uint16_t *x; /* bfloat16 rows [m, k] */
+    int dp;            /* bfloat16 rows through vdpbf16ps */
+    int64_t n;
+    acts_t a;
+    float *y;
+    int64_t ldy;
+} job_t;
+
+static void run_items(const job_t *j, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t m0 = 0; m0 < j->a.m; m0 += ROWS) {
+            int r = j->a.m - m0 < ROWS ? (int)(j->a.m - m0) : ROWS;
+            if (j->kind == 2) {
+                int64_t n = 2 * i;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+                if (j->dp) bf16_rows_dp((const uint16_t *)j->w, n, n + 1 < j->n, j->x, j->a.k, m0, r, j->y, j->ldy);
+                else
+#endif
+                    bf16_rows_fma((const uint16_t *)j->w, n, n + 1 < j->n, j->x, j->a.k, m0, r, j->y, j->ldy);
+            } else if (j->kind == 0) {
+                int64_t n = 2 * i;
+                int8_rows_block((const int8_t *)j->w, j->scale, n, n + 1 < j->n, &j->a, m0, r, j->y, j->ldy);
+            } else {
+                int64_t n0 = TILE * i;
+                int live = j->n - n0 < TILE ? (int)(j->n - n0) : TILE;
+                q4_tile((const uint8_t *)j->w + i * j->a.kb * RECORD, &j->a, m0, r, j->y, j->ldy, n0, live);
+            }
+        }
+}
+
+#ifndef _OPENMP
+typedef struct {
+    const job_t *job;
+    int64_t i0, i1;
+} share_t;
+
+static void *run_share(void *arg) {
+    const share_t *s = (const share_t *)arg;
+    run_items(s->job, s->i0, s->i1);
+    return NULL;
+}
+#endif
+
+static void run_job(const job_t *j, int64_t items, int threads) {
+    int nt = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+    if (nt > items) nt = (int)items;
+    if (nt <= 1) {
+        run_items(j, 0, items);
+        return;
+    }
+#ifdef _OPENMP
+    /* torch's own pool (its libgomp is the one loaded): see decode_attention.c */
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        run_items(j, items * t / n, items * (t + 1) / n);
+    }
+#else
+    pthread_t tid[MAX_THREADS];
+    share_t share[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int t = 0; t < nt; t++) share[t] = (share_t){j, items * t / nt, items * (t + 1) / nt};
+    for (int t = 1; t < nt; t++) started[t] = pthread_create(&tid[t], NULL, run_share, &share[t]) == 0;
+    run_share(&share[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        else run_share(&share[t]);
+    }
+#endif
+}
+
+/* y [m, n] (row stride ldy) = the activations (quantize_rows' buffer of m rows of k) @ W.T for int8
+ * rows w [n, k] with bfloat16 scales [n]. 0, or -1 for a width that is not whole blocks. */
+int product_int8(const int8_t *w, const uint16_t *scale, int64_t n, int64_t k, const void *acts, int64_t m, float *y,
+                 int64_t ldy, int threads) {
+    if (k % QK || m < 1) return -1;
+    job_t j = {0, w, scale, 0, 0, n, acts_of(acts, m, k), y, ldy};
+    run_job(&j, (n + 1) / 2, threads);
+    return 0;
+}
+
+/* The same for 4-bit tiles (pack_q4) of n rows (the last tile padded). */
+int product_q4(const uint8_t *tiles, int64_t n, int64_t k, const void *acts, int64_t m, float *y, int64_t ldy,
+               int threads) {
+    if (k % QK || m < 1) return -1;
+    job_t j = {1, tiles, 0, 0, 0, n, acts_of(acts, m, k), y, ldy};
+    run_job(&j, (n + TILE - 1) / TILE, threads);
+    return 0;
+}
+
+/* y [m, n] (row stride ldy) = x [m, k] bfloat16 bits @ w.T for bfloat16 rows w [n, k] (k even), in
+ * float32. */
+int product_bf16(const uint16_t *w, int64_t n, int64_t k, const uint16_t *x, int64_t m, float *y, int64_t ldy,
+                 int threads) {
+    static int dp = -1;
+    if (dp < 0) dp = bf16_units();
+    if (k % 2 || m < 1) return -1;
+    acts_t a = {m, k, 0, 0, 0, 0, 0, 0};
+    job_t j = {2, w, 0, x, dp, n, a, y, ldy};
+    run_job(&j, (n + 1) / 2, threads);
+    return 0;
+}
+
+/* Whether bfloat16 rows multiply with the CPU's bfloat16 units (vdpbf16ps). */
+int products_bf16_units(void) { return bf16_units(); }
+
+/* Whether this build multiplies with VNNI (1) or AVX2 (0). */
+int products_vnni(void) { return VNNI; }

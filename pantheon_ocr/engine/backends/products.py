@@ -1,0 +1,146 @@
+"""Products of int8 rows and 4-bit tiles with int8 activation rows (csrc/products.c, which says how),
+built by native.py's outline into the user cache and called through ctypes; the compiled decode
+step (native_step.py) calls the same functions by address.
+
+Why: a decode step reads every weight once for a few rows, and torch's int8 and int4 kernels widen
+each weight to float before multiplying bfloat16 rows. Quantizing the rows to int8 (blocks of 32,
+as llama.cpp does) lets weights and activations multiply as integers, 64 pairs per instruction with
+VNNI, so the products run at memory speed (docs/benchmarks.md). A row's bits never depend on the
+other rows of the call: decode steps stay exact for any batch.
+
+    kernel = products().kernel            # None where it does not build (the reason in .why)
+    tiles = pack_q4(raw, Q.Q4_1)          # a file's Q4_0 / Q4_1 blocks [out, row bytes] as 4-bit tiles
+    y = kernel.q4(tiles, out, x)          # x [M, in] float32 torch -> [M, out] float32
+    y = kernel.int8(q, scale, x)          # int8 rows (torch_weights.int8_rows)
+    y = kernel.bf16(w, x)                 # bfloat16 rows: bfloat16 activations, float32 sums
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from .common import require_torch, user_cache_dir
+from .native import PRODUCTS_SOURCE, _build
+
+torch = require_torch()
+
+QK = 32  # a block of activations, and a 4-bit group
+TILE = 16  # rows of a 4-bit tile
+RECORD = 320  # bytes per tile and block of 32 columns: 256 of nibbles, 16 float16 d, 16 float16 m
+Q4_TYPES = {Q.Q4_0: 2, Q.Q4_1: 4}  # bytes before a block's 16 bytes of nibbles (d; d and m)
+
+
+@dataclass(frozen=True)
+class BuiltProducts:
+    """The outcome of a build: the kernel (None if none) and one line saying which path runs and why."""
+
+    kernel: Products | None
+    why: str
+
+
+class Products:
+    """csrc/products.c loaded: quantize activation rows once, multiply them by int8 rows or 4-bit tiles."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(str(path))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.acts_size.argtypes, lib.acts_size.restype = [i64, i64], i64
+        lib.quantize_rows.argtypes, lib.quantize_rows.restype = [p, i64, i64, i64, p], i32
+        lib.product_int8.argtypes, lib.product_int8.restype = [p, p, i64, i64, p, i64, p, i64, i32], i32
+        lib.product_q4.argtypes, lib.product_q4.restype = [p, i64, i64, p, i64, p, i64, i32], i32
+        lib.product_bf16.argtypes, lib.product_bf16.restype = [p, i64, i64, p, i64, p, i64, i32], i32
+        lib.products_vnni.restype = lib.products_bf16_units.restype = i32
+        self.vnni = bool(lib.products_vnni())
+        self.bf16_units = bool(lib.products_bf16_units())
+
+    def address(self, name: str) -> int:
+        """A function's address, for the compiled step."""
+        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+
+    def _acts(self, x) -> tuple[np.ndarray, int, int]:
+        """x [M, in] float32 (torch or numpy) quantized: (the buffer, M, in)."""
+        x = np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
+        m, k = x.shape
+        if k % QK:
+            raise ValueError(f"rows of {k} are not whole blocks of {QK}")
+        buf = np.empty(self.lib.acts_size(m, k), np.uint8)
+        self.lib.quantize_rows(x.ctypes.data, m, k, k, buf.ctypes.data)
+        return buf, m, k
+
+    def int8(self, q, scale, x, threads: int | None = None):
+        """x [M, in] float32 @ (q [out, in] int8 * scale [out] bfloat16).T -> [M, out] float32 torch."""
+        buf, m, k = self._acts(x)
+        n = q.shape[0]
+        if q.shape[1] != k or not q.is_contiguous() or not scale.is_contiguous():
+            raise ValueError(f"int8 rows {tuple(q.shape)} do not take rows of {k}")
+        y = torch.empty(m, n)
+        self.lib.product_int8(q.data_ptr(), scale.data_ptr(), n, k, buf.ctypes.data, m, y.data_ptr(), n,
+                              threads or torch.get_num_threads())
+        return y
+
+    def bf16(self, w, x, threads: int | None = None):
+        """x [M, in] (rounded to bfloat16 here, unless it is) @ w.T for bfloat16 rows w [out, in] ->
+        [M, out] float32 torch, float32 sums."""
+        xb = (x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)).contiguous()
+        m, k = xb.shape
+        n = w.shape[0]
+        if w.shape[1] != k or k % 2 or not w.is_contiguous():
+            raise ValueError(f"bfloat16 rows {tuple(w.shape)} do not take rows of {k}")
+        y = torch.empty(m, n)
+        self.lib.product_bf16(w.data_ptr(), n, k, xb.data_ptr(), m, y.data_ptr(), n, threads or torch.get_num_threads())
+        return y
+
+    def q4(self, tiles, n: int, x, threads: int | None = None):
+        """x [M, in] float32 @ W.T for 4-bit tiles (pack_q4) of n rows -> [M, out] float32 torch."""
+        buf, m, k = self._acts(x)
+        if tiles.shape[1] * QK != k or not tiles.is_contiguous():
+            raise ValueError(f"4-bit tiles {tuple(tiles.shape)} do not take rows of {k}")
+        y = torch.empty(m, n)
+        self.lib.product_q4(tiles.data_ptr(), n, k, buf.ctypes.data, m, y.data_ptr(), n,
+                            threads or torch.get_num_threads())
+        return y
+
+
+def pack_q4(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    """A file's Q4_0 / Q4_1 blocks raw [out, row bytes] (out a multiple of TILE) as 4-bit tiles
+    uint8 [out / 16, in / 32, RECORD] (csrc/products.c): per tile and block the 4-byte groups of the
+    16 rows' nibbles, part by part, then their float16 d and m (Q4_0: m = -8 d, exact in float16)."""
+    head = Q4_TYPES[qtype]
+    out = raw.shape[0]
+    if out % TILE:
+        raise ValueError(f"{out} rows are not whole tiles of {TILE}")
+    b = raw.reshape(out, -1, head + 16)  # [out, blocks, bytes]
+    kb = b.shape[1]
+    d = b[..., 0:2]
+    m = b[..., 2:4] if head == 4 else (np.float16(-8) * d.copy().view(np.float16)).view(np.uint8)
+    t = out // TILE
+    nibbles = b[..., head:].reshape(t, TILE, kb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(t, kb, 256)
+    d, m = (np.ascontiguousarray(a).reshape(t, TILE, kb, 2).transpose(0, 2, 1, 3).reshape(t, kb, 32) for a in (d, m))
+    return np.concatenate([nibbles, d, m], axis=-1)
+
+
+def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> BuiltProducts:
+    """The products built (or found built) under cache_dir with compiler cc ($CC, else cc) for one of
+    native.ISAS (the best this CPU has if None), or why not."""
+    found = _build("products", PRODUCTS_SOURCE, cache_dir, cc, isa)
+    if isinstance(found, str):
+        return BuiltProducts(None, f"torch's int8 and int4 kernels ({found})")
+    path, isa, pool = found
+    try:
+        kernel = Products(path)
+    except OSError as exc:
+        return BuiltProducts(None, f"torch's int8 and int4 kernels ({path} does not load: {exc})")
+    return BuiltProducts(kernel, f"the compiled {isa} products ({path}; {pool})")
+
+
+@functools.cache
+def products() -> BuiltProducts:
+    """This process's products, built on first use in the user cache."""
+    return build(user_cache_dir() / "kernels")

@@ -1,0 +1,186 @@
+"""The compiled products (engine/backends/products.py, csrc/products.c): activation rows quantized to
+int8 in blocks of 32 as the naive definition says, int8 rows, 4-bit tiles and bfloat16 rows multiplied
+as float64 references of the same quantized values say, a row's bits the same alone and in any
+batch, register block or thread count, in every build this CPU has; the 4-bit tiles the file's own
+values; and widths they cannot take refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from pantheon_ocr.engine.backends import native, products  # noqa: E402
+from pantheon_ocr.engine.format.torch_weights import int8_rows  # noqa: E402
+
+from .test_native import can_build_here  # noqa: E402
+
+
+def products_or_skip() -> products.Products:
+    built = products.products()
+    if built.kernel is None:
+        assert not can_build_here(), f"the products should build on this machine: {built.why}"
+        pytest.skip(built.why)
+    return built.kernel
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, products.Products]:
+    """The products built for every instruction set this CPU has (native.ISAS)."""
+    products_or_skip()
+    root = tmp_path_factory.mktemp("products")
+    built = {isa: products.build(root, isa=isa) for isa in native.isas_here()}
+    assert all(b.kernel is not None for b in built.values()), [b.why for b in built.values()]
+    return {isa: b.kernel for isa, b in built.items()}
+
+
+def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The naive definition: each block of 32 as d = max |x| / 127 and q = round-half-even(x / d) (0
+    where the block is all zero) -> (q [M, K] int, d [M, K / 32])."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    top = np.abs(xb).max(-1)
+    inv = np.where(top > 0, np.float32(127) / np.where(top > 0, top, 1), 0).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int64).reshape(m, k)
+    return q, (top / np.float32(127)).astype(np.float32)
+
+
+def test_activations_are_quantized_as_the_definition_says():
+    kernel = products_or_skip()
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((5, 96)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x[2, 32:64] = 0  # a block of zeros: d = 0, q = 0
+    buf, m, k = kernel._acts(x)
+    q, d = quantized(x)
+    assert np.array_equal(buf[:m * k].view(np.int8).reshape(m, k), q) and np.abs(q).max() == 127
+    at = -(-m * k // 64) * 64
+    assert np.array_equal(buf[at:at + 4 * m * 3].view(np.float32).reshape(m, 3), d) and d[2, 1] == 0
+
+
+def _reference(q: np.ndarray, d: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 sum over blocks of d[b] * (q_b . w_b) for each row of q and of w [N, K] (float64)."""
+    m, k = q.shape
+    per_block = np.einsum("mbi,nbi->mnb", q.reshape(m, k // 32, 32).astype(np.float64),
+                          w.reshape(w.shape[0], k // 32, 32))
+    return (per_block * d[:, None, :]).sum(-1)
+
+
+def _close(got, want, tol=2e-6):
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+@pytest.mark.parametrize("n,k", [(64, 96), (50, 576), (7, 32)])  # 50, 7: an odd row; 96 = one 64-column chunk + 32
+def test_int8_rows_are_the_product_of_the_quantized_values(n, k, builds):
+    rng = np.random.default_rng(n)
+    qw, scale = int8_rows(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((11, k)).astype(np.float32)
+    q, d = quantized(x)
+    want = _reference(q, d, qw.numpy().astype(np.float64)) * scale.float().numpy()
+    for kernel in builds.values():
+        _close(kernel.int8(qw, scale, torch.from_numpy(x)).numpy(), want)
+
+
+def _q4_file(n: int, k: int, qtype: Q, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 3, (n, 1)).astype(np.float32)
+    w[:, :32] += 0.7  # a group off zero: Q4_1's minimum is not -8 d there
+    raw = quants.quantize(w, qtype)
+    return raw, quants.dequantize(raw, qtype).astype(np.float64)
+
+
+def _unpack(tiles: np.ndarray) -> np.ndarray:
+    """4-bit tiles back to weights d q + m [N, K] float64, by csrc/products.c's layout written out."""
+    t, kb, _ = tiles.shape
+    out = np.zeros((t * 16, kb * 32))
+    for ti in range(t):
+        for b in range(kb):
+            rec = tiles[ti, b]
+            d = rec[256:288].view(np.float16).astype(np.float64)
+            m = rec[288:320].view(np.float16).astype(np.float64)
+            for p in range(4):
+                for r in range(16):
+                    for i in range(4):
+                        byte = rec[64 * p + 4 * r + i]
+                        out[16 * ti + r, 32 * b + 4 * p + i] = d[r] * (byte & 15) + m[r]
+                        out[16 * ti + r, 32 * b + 16 + 4 * p + i] = d[r] * (byte >> 4) + m[r]
+    return out
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_4bit_tiles_are_the_files_values(qtype):
+    raw, dense = _q4_file(32, 64, qtype, seed=1)
+    assert np.array_equal(_unpack(products.pack_q4(raw, qtype)), dense)
+    with pytest.raises(ValueError, match="whole tiles"):
+        products.pack_q4(raw[:24], qtype)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+def test_4bit_tiles_are_the_product_of_the_quantized_values(qtype, builds):
+    n, k = 48, 160
+    raw, dense = _q4_file(n, k, qtype, seed=2)
+    tiles = torch.from_numpy(products.pack_q4(raw, qtype))
+    x = np.random.default_rng(3).standard_normal((11, k)).astype(np.float32)
+    q, d = quantized(x)
+    want = _reference(q, d, dense)
+    got = {isa: kernel.q4(tiles, n, torch.from_numpy(x)).numpy() for isa, kernel in builds.items()}
+    for y in got.values():
+        _close(y, want)
+    # one 32-bit lane per row and the same operations per lane in every build: the same bits
+    assert all(np.array_equal(y, got[native.isas_here()[0]]) for y in got.values())
+
+
+def test_bfloat16_rows_are_float32_sums_of_the_rounded_values(builds):
+    rng = np.random.default_rng(4)
+    n, k = 40, 200  # 200: a tail past whole 32- and 16-column chunks
+    w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)).to(torch.bfloat16)
+    x = torch.from_numpy(rng.standard_normal((9, k)).astype(np.float32))
+    want = x.to(torch.bfloat16).double().numpy() @ w.double().numpy().T
+    for kernel in builds.values():
+        _close(kernel.bf16(w, x).numpy(), want, tol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["int8", "q4", "bf16"])
+def test_a_row_has_the_same_bits_alone_and_in_any_batch(which, builds):
+    """Any number of rows (register blocks of 8, a partial one), any thread count, any position."""
+    rng = np.random.default_rng(5)
+    n, k = 96, 288
+    if which == "q4":
+        raw, _ = _q4_file(n, k, Q.Q4_1, seed=6)
+        tiles = torch.from_numpy(products.pack_q4(raw, Q.Q4_1))
+        run = lambda kern, x, t: kern.q4(tiles, n, x, threads=t)  # noqa: E731
+    elif which == "int8":
+        qw, scale = int8_rows(rng.standard_normal((n, k)).astype(np.float32))
+        run = lambda kern, x, t: kern.int8(qw, scale, x, threads=t)  # noqa: E731
+    else:
+        w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32)).to(torch.bfloat16)
+        run = lambda kern, x, t: kern.bf16(w, x, threads=t)  # noqa: E731
+    x = torch.from_numpy(rng.standard_normal((20, k)).astype(np.float32))
+    for kernel in builds.values():
+        alone = [run(kernel, x[i:i + 1], 1)[0] for i in range(20)]
+        for m, threads in ((2, 2), (7, 1), (8, 2), (9, 3), (17, 2), (20, 1)):
+            y = run(kernel, x[:m], threads)
+            assert all(torch.equal(y[i], alone[i]) for i in range(m)), (which, m, threads)
+        y = run(kernel, x.flip(0), 2)
+        assert all(torch.equal(y[19 - i], alone[i]) for i in range(20))
+
+
+def test_widths_that_are_not_whole_blocks_are_refused():
+    kernel = products_or_skip()
+    q, scale = int8_rows(np.ones((4, 40), np.float32))
+    with pytest.raises(ValueError, match="whole blocks"):
+        kernel.int8(q, scale, torch.ones(1, 40))
+    raw, _ = _q4_file(16, 64, Q.Q4_0, seed=0)
+    with pytest.raises(ValueError, match="do not take rows"):
+        kernel.q4(torch.from_numpy(products.pack_q4(raw, Q.Q4_0)), 16, torch.ones(1, 96))
+
+
+def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert products.build(tmp_path).why.startswith("torch's int8 and int4 kernels (")
+    monkeypatch.setattr(native, "isas_here", lambda: [])
+    built = products.build(tmp_path)
+    assert built.kernel is None and "AVX2" in built.why

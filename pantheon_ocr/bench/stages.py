@@ -33,6 +33,7 @@ from .synthetic import page_pixels, synthetic_page
 class DecoderBench:
     model: str
     storage: str
+    kv_dtype: str  # what transcribe takes with this storage (cache.kv_kind's auto)
     prefill_tokens: int
     prefill_tok_s: float
     decode_tok_s: float
@@ -79,6 +80,7 @@ def _timed(fn) -> float:
 
 
 def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: int = 16) -> DecoderBench:
+    from ..engine.cache import kv_kind
     from ..engine.loader import load_model
 
     t0 = time.perf_counter()
@@ -87,15 +89,16 @@ def bench_decoder(path, storage: str, prefill_tokens: int = 512, decode_tokens: 
     tokenizer_load_s = _timed(lambda: model.tokenizer)
     d = model.decoder
     ids = np.random.default_rng(1).integers(0, model.config.n_vocab, prefill_tokens).tolist()
-    d.forward(d.new_state(64), ids[:32])  # warm-up: page in the map, start BLAS threads
-    state = d.new_state(prefill_tokens + decode_tokens + 1)
+    pool = d.new_pool(kv_kind("auto", storage))  # the KV cache transcribe takes with these weights
+    d.forward(d.new_state(64, pool), ids[:32])  # warm-up: page in the map, start BLAS threads
+    state = d.new_state(prefill_tokens + decode_tokens + 1, pool)
     prefill = _timed(lambda: d.forward(state, ids))
     decode = _timed(lambda: [d.forward(state, [t]) for t in ids[:decode_tokens]])
     shapes = matmul_shapes(d)
     roof_p = roofline_seconds(shapes, prefill_tokens)
     roof_d = roofline_seconds(shapes, 1, repeats=5)
     return DecoderBench(
-        model=str(path), storage=storage, prefill_tokens=prefill_tokens,
+        model=str(path), storage=storage, kv_dtype=pool.kind, prefill_tokens=prefill_tokens,
         prefill_tok_s=prefill_tokens / prefill, decode_tok_s=decode_tokens / decode,
         roofline_prefill_tok_s=prefill_tokens / roof_p, roofline_decode_tok_s=1 / roof_d, load_s=load_s,
         tokenizer_load_s=tokenizer_load_s,

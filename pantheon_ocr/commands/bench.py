@@ -87,10 +87,10 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(f"# {cpu_info()}")
-    click.echo(f"{'model':40} {'storage':9} {'prefill tok/s':>13} {'roofline':>9} {'ratio':>6} "
+    click.echo(f"{'model':40} {'storage':9} {'KV':8} {'prefill tok/s':>13} {'roofline':>9} {'ratio':>6} "
                f"{'decode tok/s':>12} {'roofline':>9} {'tokenizer s':>11}")
     for r in rows:
-        click.echo(f"{r['model'][-40:]:40} {r['storage']:9} {r['prefill_tok_s']:13.1f} "
+        click.echo(f"{r['model'][-40:]:40} {r['storage']:9} {r['kv_dtype']:8} {r['prefill_tok_s']:13.1f} "
                    f"{r['roofline_prefill_tok_s']:9.1f} {r['roofline_prefill_tok_s'] / r['prefill_tok_s']:6.2f} "
                    f"{r['decode_tok_s']:12.2f} {r['roofline_decode_tok_s']:9.1f} {r['tokenizer_load_s']:11.2f}")
 

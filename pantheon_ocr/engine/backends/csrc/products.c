@@ -1,5 +1,5 @@
-/* Products of int8 rows and 4-bit tiles with int8 activation rows, for x86-64 CPUs with AVX2 and
- * FMA; with AVX-512 VNNI where the build has it (native.py builds and loads it).
+/* Products of int8 rows, 4-bit tiles and bfloat16 rows with activation rows, for x86-64 CPUs with
+ * AVX2, FMA and F16C; with AVX-512 VNNI where the build has it (products.py builds and loads it).
  *
  * Why: a decode step streams every weight once for a handful of rows, so it runs at memory speed
  * only if the arithmetic per weight byte is small. torch's int8 and int4 kernels widen each weight
@@ -12,7 +12,7 @@
  * activations and row n of the matrix, whatever the number of rows, their grouping into register
  * blocks or the thread that computes it, so a sequence's bits are the same alone and in any batch.
  *
- * Two layouts:
+ * Three layouts:
  * - int8 rows: q [n, k] int8 with a bfloat16 scale per row (torch_weights.int8_rows), read as they
  *   are. With VNNI each weight is offset to unsigned (w + 128 = w ^ 0x80) and the offset's share,
  *   128 * sum(x), is taken off once per output row; AVX2 multiplies |w| by x with w's sign.
@@ -49,7 +49,19 @@
 #define AHEAD_BYTES 4096 /* 4-bit tiles */
 #define INLINE static inline __attribute__((always_inline))
 
-enum { Q4_0 = 2, Q4_1 = 3 }; /* GGML's type codes */
+/* A register block's number of rows r as a constant in each case: its loops unroll and the
+ * accumulators stay in registers (indexed by a run-time row they lived on the stack) */
+#define BY_ROWS(r, CALL)                                                                               \
+    switch (r) {                                                                                       \
+        case 1: CALL(1); break;                                                                        \
+        case 2: CALL(2); break;                                                                        \
+        case 3: CALL(3); break;                                                                        \
+        case 4: CALL(4); break;                                                                        \
+        case 5: CALL(5); break;                                                                        \
+        case 6: CALL(6); break;                                                                        \
+        case 7: CALL(7); break;                                                                        \
+        default: CALL(8); break;                                                                       \
+    }
 
 /* Quantized activation rows, in one buffer (acts_size): q [m, k] int8, then per row and block the
  * scale d and s = d * sum(q) [m, k / 32] float32, each block's d repeated over 8 lanes [m, k / 4],
@@ -131,14 +143,16 @@ INLINE float sum8(__m256 v) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define VNNI 1
 
-/* int8 rows n0..n1 (two at a time) against activation rows m0..m0+r: lane j of a 64-column chunk
- * sums 4 products of block (2c + j / 8) */
+/* int8 rows n and n + 1 (if two) against activation rows m0 .. m0 + r - 1: lane j of a 64-column
+ * chunk c sums 4 products of block 2c + j / 8 */
 INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, int two, const acts_t *a,
                             int64_t m0, int r, float *y, int64_t ldy) {
     const int64_t k = a->k;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[2][ROWS];
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < k; c += 64) {
         __mmask64 mask = k - c >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - c)) - 1);
@@ -146,6 +160,7 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
         __m512i w1 = two ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + (n + 1) * k + c), flip) : w0;
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m512i x = _mm512_maskz_loadu_epi8(mask, a->q + (m0 + j) * k + c);
             __m512 l = _mm512_maskz_loadu_ps((__mmask16)(mask == ~(__mmask64)0 ? 0xFFFF : 0x00FF),
@@ -157,7 +172,9 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
                                             l, acc[1][j]);
         }
     }
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 1 + two; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m512 v = acc[i][j];
             float t = sum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
@@ -174,7 +191,9 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
     const int64_t k = a->k;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2][ROWS];
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t c = 0; c < k; c += QK) {
         __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + n * k + c));
@@ -182,6 +201,7 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0); /* never faults */
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
         __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + (m0 + j) * k + c));
             __m256 db = _mm256_set1_ps(a->d[(m0 + j) * a->kb + c / QK]);
@@ -193,7 +213,9 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
             }
         }
     }
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 1 + two; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = bf16_to_f32(scale[n + i]) * sum8(acc[i][j]);
 }
 #endif
@@ -205,11 +227,13 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
                     int live) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[ROWS];
+    _Pragma("GCC unroll 8")
     for (int j = 0; j < ROWS; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < a->kb; b++) {
         const uint8_t *rec = tile + b * RECORD;
         for (int l = 0; l < RECORD; l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
         __m512i lo[4], hi[4];
+        _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
             __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * p));
             lo[p] = _mm512_and_si512(v, low);
@@ -217,19 +241,23 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 256)));
         __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 288)));
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
-            __m512i s = _mm512_setzero_si512();
+            __m512i s = _mm512_setzero_si512(), t = _mm512_setzero_si512(); /* two chains: half the latency */
+            _Pragma("GCC unroll 4")
             for (int p = 0; p < 4; p++) {
                 s = _mm512_dpbusd_epi32(s, lo[p], _mm512_set1_epi32(x[p]));
-                s = _mm512_dpbusd_epi32(s, hi[p], _mm512_set1_epi32(x[4 + p]));
+                t = _mm512_dpbusd_epi32(t, hi[p], _mm512_set1_epi32(x[4 + p]));
             }
+            s = _mm512_add_epi32(s, t);
             int64_t at = (m0 + j) * a->kb + b;
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(a->d[at])), acc[j]);
             acc[j] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a->s[at]), acc[j]);
         }
     }
     __mmask16 keep = (__mmask16)((1u << live) - 1);
+    _Pragma("GCC unroll 8")
     for (int j = 0; j < r; j++) _mm512_mask_storeu_ps(y + (m0 + j) * ldy + n0, keep, acc[j]);
 }
 #else
@@ -239,11 +267,13 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
     for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 of the tile */
         if (8 * h >= live) break;
         __m256 acc[ROWS];
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[j] = _mm256_setzero_ps();
         for (int64_t b = 0; b < a->kb; b++) {
             const uint8_t *rec = tile + b * RECORD;
             for (int l = 0; l < RECORD; l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
             __m256i lo[4], hi[4];
+            _Pragma("GCC unroll 4")
             for (int p = 0; p < 4; p++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
                 lo[p] = _mm256_and_si256(v, low);
@@ -251,9 +281,11 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
             }
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 256 + 16 * h)));
             __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 288 + 16 * h)));
+            _Pragma("GCC unroll 8")
             for (int j = 0; j < r; j++) {
                 const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
                 __m256i s = _mm256_setzero_si256();
+                _Pragma("GCC unroll 4")
                 for (int p = 0; p < 4; p++) { /* q <= 15: pairs of q x fit 16 bits */
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(x[p])), ones));
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(x[4 + p])), ones));
@@ -264,6 +296,7 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
             }
         }
         int n = live - 8 * h < 8 ? live - 8 * h : 8;
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             float out[8];
             _mm256_storeu_ps(out, acc[j]);
@@ -278,11 +311,12 @@ INLINE void q4_tile(const uint8_t *tile, const acts_t *a, int64_t m0, int r, flo
  * of one column each (AVX2 without AVX-512) ---- */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-static void bf16_rows_dp(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) INLINE void bf16_rows_dp(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
                          float *y, int64_t ldy) {
     __m512 acc[2][ROWS];
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t c = 0; c < k; c += 32) {
         __mmask32 mask = k - c >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (k - c)) - 1);
@@ -290,20 +324,32 @@ static void bf16_rows_dp(const uint16_t *w, int64_t n, int two, const uint16_t *
         __m512bh w1 = two ? (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n + 1) * k + c) : w0;
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (m0 + j) * k + c);
             acc[0][j] = _mm512_dpbf16_ps(acc[0][j], xv, w0);
             if (two) acc[1][j] = _mm512_dpbf16_ps(acc[1][j], xv, w1);
         }
     }
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 1 + two; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void bf16_rows_dp_any(
+    const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r, float *y, int64_t ldy) {
+#define DP(R) bf16_rows_dp(w, n, two, x, k, m0, R, y, ldy)
+    BY_ROWS(r, DP)
+#undef DP
+}
+
+INLINE void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
                           float *y, int64_t ldy) {
     __m512 acc[2][ROWS];
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[i][j] = _mm512_setzero_ps();
 #define WIDEN16(p, mask) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16))
     for (int64_t c = 0; c < k; c += 16) {
@@ -311,6 +357,7 @@ static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t 
         __m512 w0 = WIDEN16(w + n * k + c, mask), w1 = two ? WIDEN16(w + (n + 1) * k + c, mask) : w0;
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m512 xv = WIDEN16(x + (m0 + j) * k + c, mask);
             acc[0][j] = _mm512_fmadd_ps(xv, w0, acc[0][j]);
@@ -318,14 +365,18 @@ static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t 
         }
     }
 #undef WIDEN16
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 1 + two; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) y[(m0 + j) * ldy + n + i] = _mm512_reduce_add_ps(acc[i][j]);
 }
 #else
-static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
+INLINE void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t *x, int64_t k, int64_t m0, int r,
                           float *y, int64_t ldy) {
     __m256 acc[2][ROWS];
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[i][j] = _mm256_setzero_ps();
 #define WIDEN8(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
     int64_t c = 0;
@@ -333,6 +384,7 @@ static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t 
         __m256 w0 = WIDEN8(w + n * k + c), w1 = two ? WIDEN8(w + (n + 1) * k + c) : w0;
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS) * k + c), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + (n + AHEAD_ROWS + 1) * k + c), _MM_HINT_T0);
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             __m256 xv = WIDEN8(x + (m0 + j) * k + c);
             acc[0][j] = _mm256_fmadd_ps(xv, w0, acc[0][j]);
@@ -340,7 +392,9 @@ static void bf16_rows_fma(const uint16_t *w, int64_t n, int two, const uint16_t 
         }
     }
 #undef WIDEN8
+    _Pragma("GCC unroll 2")
     for (int i = 0; i < 1 + two; i++)
+        _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             float t = sum8(acc[i][j]);
             for (int64_t e = c; e < k; e++) /* k is a multiple of 2 at least; the rest one by one */
@@ -377,20 +431,23 @@ static void run_items(const job_t *j, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++)
         for (int64_t m0 = 0; m0 < j->a.m; m0 += ROWS) {
             int r = j->a.m - m0 < ROWS ? (int)(j->a.m - m0) : ROWS;
+            int64_t n = 2 * i, n0 = TILE * i;
+            int two = n + 1 < j->n, live = j->n - n0 < TILE ? (int)(j->n - n0) : TILE;
             if (j->kind == 2) {
-                int64_t n = 2 * i;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-                if (j->dp) bf16_rows_dp((const uint16_t *)j->w, n, n + 1 < j->n, j->x, j->a.k, m0, r, j->y, j->ldy);
-                else
+                if (j->dp) {
+                    bf16_rows_dp_any((const uint16_t *)j->w, n, two, j->x, j->a.k, m0, r, j->y, j->ldy);
+                    continue;
+                }
 #endif
-                    bf16_rows_fma((const uint16_t *)j->w, n, n + 1 < j->n, j->x, j->a.k, m0, r, j->y, j->ldy);
+#define FMA(R) bf16_rows_fma((const uint16_t *)j->w, n, two, j->x, j->a.k, m0, R, j->y, j->ldy)
+                BY_ROWS(r, FMA)
             } else if (j->kind == 0) {
-                int64_t n = 2 * i;
-                int8_rows_block((const int8_t *)j->w, j->scale, n, n + 1 < j->n, &j->a, m0, r, j->y, j->ldy);
+#define INT8(R) int8_rows_block((const int8_t *)j->w, j->scale, n, two, &j->a, m0, R, j->y, j->ldy)
+                BY_ROWS(r, INT8)
             } else {
-                int64_t n0 = TILE * i;
-                int live = j->n - n0 < TILE ? (int)(j->n - n0) : TILE;
-                q4_tile((const uint8_t *)j->w + i * j->a.kb * RECORD, &j->a, m0, r, j->y, j->ldy, n0, live);
+#define Q4(R) q4_tile((const uint8_t *)j->w + i * j->a.kb * RECORD, &j->a, m0, R, j->y, j->ldy, n0, live)
+                BY_ROWS(r, Q4)
             }
         }
 }

@@ -58,7 +58,7 @@ QUERY_BLOCK = 256  # queries per score block: [256, 9,350] bf16 scores stay in L
 
 
 def query_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                          attn_mask: torch.Tensor | None = None, softmax=None) -> torch.Tensor:
     """scaled_dot_product_attention (not causal) as three plain ops per block of QUERY_BLOCK queries
     of one head: scores = q k^T in the compute dtype, softmax (float32 inside), scores @ v. q, k, v
     [B, H, N, d], attn_mask additive [B, 1, 1, N] or None -> [B, H, N, d] in q's dtype.
@@ -69,7 +69,9 @@ def query_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     EPYC. Where the CPU has AMX tiles, SDPA's kernel multiplies with them and is the faster one
     (0.49 against 0.95 s, common.cpu_has_amx). The cost is
     precision: the scores are rounded to bfloat16 before the softmax (SDPA keeps them in float32),
-    about twice SDPA-bfloat16's error against float32 (docs/benchmarks.md)."""
+    about twice SDPA-bfloat16's error against float32 (docs/benchmarks.md). softmax: a function that
+    overwrites a contiguous [rows, N] block of bfloat16 scores with their softmax (the compiled one,
+    backends/softmax.py), else torch's."""
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
@@ -80,7 +82,8 @@ def query_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scores = torch.matmul(qs[s:s + QUERY_BLOCK], kt)  # [q_block, N]
                 if bias is not None:
                     scores = scores + bias
-                torch.matmul(torch.softmax(scores, -1), vh, out=out[b, head, s:s + QUERY_BLOCK])
+                p = softmax(scores) if softmax is not None and scores.dtype == torch.bfloat16 else torch.softmax(scores, -1)
+                torch.matmul(p, vh, out=out[b, head, s:s + QUERY_BLOCK])
     return out
 
 

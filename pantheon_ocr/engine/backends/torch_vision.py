@@ -13,13 +13,16 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
 - the RoPE tables are the numpy engine's (ops.rope_angles_2d), cached per grid;
 - attention is torch's scaled_dot_product_attention (not causal), with an optional key mask for
   padded bucket grids (see buckets.py); in bfloat16 on a CPU without AMX tiles, query_block_attention
-  (the same maths as plain bfloat16 products, 2.4x faster there; with tiles SDPA is 1.9x faster).
+  (the same maths as plain bfloat16 products, 2.4x faster there; with tiles SDPA is 1.9x faster),
+  its softmax the compiled one where it builds (softmax.py).
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
 """
 
 from __future__ import annotations
+
+import functools
 
 import threading
 from collections import OrderedDict
@@ -223,7 +226,9 @@ class TorchVisionBackend:
         for name in vlm.mmproj.tensors:
             vlm.mmproj.release(name)
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
-            self.module.use_attention(query_block_attention)
+            from .softmax import compiled_softmax
+
+            self.module.use_attention(functools.partial(query_block_attention, softmax=compiled_softmax()))
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

@@ -60,4 +60,4 @@ def test_shapes_it_cannot_take_are_refused():
 
 def test_without_a_compiler_there_is_none(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
-    assert "no compiler" in S.build(tmp_path)
+    assert S.build(tmp_path).startswith("torch's softmax (no compiler")

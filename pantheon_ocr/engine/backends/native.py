@@ -152,18 +152,24 @@ def _build(stem: str, source: Path, cache_dir: Path, cc: str | None, isa: str | 
     return path, isa, pool
 
 
+def load(stem: str, source: Path, make, what: str, otherwise: str, cache_dir: Path, cc: str | None = None,
+         isa: str | None = None) -> tuple[object | None, str]:
+    """A library of `source` built (or found built) as _build does and loaded by make(path): (the
+    kernel, "the compiled <ISA> <what> (path; threads)"), or (None, "<otherwise> (why not)")."""
+    found = _build(stem, source, cache_dir, cc, isa)
+    if isinstance(found, str):
+        return None, f"{otherwise} ({found})"
+    path, isa, pool = found
+    try:
+        return make(path), f"the compiled {isa} {what} ({path}; {pool})"
+    except OSError as exc:
+        return None, f"{otherwise} ({path} does not load: {exc})"
+
+
 def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Built:
     """The decode attention built (or found built) under cache_dir with compiler cc ($CC, else cc)
     for one of ISAS (the best this CPU has if None), or why not."""
-    found = _build("decode_attention", SOURCE, cache_dir, cc, isa)
-    if isinstance(found, str):
-        return Built(None, f"torch's products ({found})")
-    path, isa, pool = found
-    try:
-        kernel = DecodeAttention(path)
-    except OSError as exc:
-        return Built(None, f"torch's products ({path} does not load: {exc})")
-    return Built(kernel, f"the compiled {isa} kernel ({path}; {pool})")
+    return Built(*load("decode_attention", SOURCE, DecodeAttention, "kernel", "torch's products", cache_dir, cc, isa))
 
 
 @functools.cache

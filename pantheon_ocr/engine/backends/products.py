@@ -26,7 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from .common import require_torch, user_cache_dir
-from .native import PRODUCTS_SOURCE, _build
+from .native import PRODUCTS_SOURCE, load
 
 torch = require_torch()
 
@@ -129,15 +129,8 @@ def pack_q4(raw: np.ndarray, qtype: Q) -> np.ndarray:
 def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> BuiltProducts:
     """The products built (or found built) under cache_dir with compiler cc ($CC, else cc) for one of
     native.ISAS (the best this CPU has if None), or why not."""
-    found = _build("products", PRODUCTS_SOURCE, cache_dir, cc, isa)
-    if isinstance(found, str):
-        return BuiltProducts(None, f"torch's int8 and int4 kernels ({found})")
-    path, isa, pool = found
-    try:
-        kernel = Products(path)
-    except OSError as exc:
-        return BuiltProducts(None, f"torch's int8 and int4 kernels ({path} does not load: {exc})")
-    return BuiltProducts(kernel, f"the compiled {isa} products ({path}; {pool})")
+    return BuiltProducts(*load("products", PRODUCTS_SOURCE, Products, "products", "torch's int8 and int4 kernels",
+                               cache_dir, cc, isa))
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import ctypes
 import functools
 
 from .common import require_torch, user_cache_dir
-from .native import SOFTMAX_SOURCE, _build
+from .native import SOFTMAX_SOURCE, load
 
 torch = require_torch()
 
@@ -21,8 +21,8 @@ torch = require_torch()
 class CompiledSoftmax:
     """csrc/softmax.c loaded: `softmax(scores)` over the last axis of a contiguous 2-D bfloat16 tensor."""
 
-    def __init__(self, lib: ctypes.CDLL, why: str):
-        self.lib, self.why = lib, why
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
         lib.softmax_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         lib.softmax_bf16.restype = lib.softmax_takes.restype = ctypes.c_int
 
@@ -40,17 +40,10 @@ class CompiledSoftmax:
 
 def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
     """The softmax built (or found built) under cache_dir, or why there is none."""
-    found = _build("softmax", SOFTMAX_SOURCE, cache_dir, cc, None)
-    if isinstance(found, str):
-        return found
-    path, _, pool = found
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        return f"{path} does not load: {exc}"
-    if not lib.softmax_takes():
-        return "the CPU has no AVX-512 BF16"
-    return CompiledSoftmax(lib, f"the compiled softmax ({path}; {pool})")
+    kernel, why = load("softmax", SOFTMAX_SOURCE, CompiledSoftmax, "softmax", "torch's softmax", cache_dir, cc)
+    if kernel is not None and not kernel.lib.softmax_takes():
+        return "torch's softmax (the CPU has no AVX-512 BF16)"
+    return why if kernel is None else kernel
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """The compiled products (engine/backends/products.py, csrc/products.c): activation rows quantized to
-int8 in blocks of 32 as the naive definition says, int8 rows, 4-bit tiles and bfloat16 rows multiplied
-as float64 references of the same quantized values say, a row's bits the same alone and in any
-batch, register block or thread count, in every build this CPU has; the 4-bit tiles the file's own
+int8 in blocks of 32 as the naive definition says; int8 rows, 4- and 5-bit tiles and bfloat16 rows
+multiplied as float64 references of the same quantized values say; a row's bits the same alone and in
+any batch, register block or thread count, in every build this CPU has; the tiles the file's own
 values; and widths they cannot take refused."""
 
 from __future__ import annotations
@@ -84,49 +84,67 @@ def test_int8_rows_are_the_product_of_the_quantized_values(n, k, builds):
         _close(kernel.int8(qw, scale, torch.from_numpy(x)).numpy(), want)
 
 
-def _q4_file(n: int, k: int, qtype: Q, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _groups_file(n: int, k: int, qtype: Q, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k)).astype(np.float32) * rng.uniform(0.1, 3, (n, 1)).astype(np.float32)
-    w[:, :32] += 0.7  # a group off zero: Q4_1's minimum is not -8 d there
+    w[:, :32] += 0.7  # a group off zero: Q4_1's / Q5_1's minimum is not -8 d / -16 d there
     raw = quants.quantize(w, qtype)
     return raw, quants.dequantize(raw, qtype).astype(np.float64)
 
 
-def _unpack(tiles: np.ndarray) -> np.ndarray:
-    """4-bit tiles back to weights d q + m [N, K] float64, by csrc/products.c's layout written out."""
+def _unpack(tiles: np.ndarray, bits: int) -> np.ndarray:
+    """Tiles back to weights d q + m [N, K] float64, by csrc/products.c's layout written out."""
     t, kb, _ = tiles.shape
     out = np.zeros((t * 16, kb * 32))
+    at = 320 if bits == 5 else 256  # d and m after the nibbles and the fifth bits
     for ti in range(t):
         for b in range(kb):
             rec = tiles[ti, b]
-            d = rec[256:288].view(np.float16).astype(np.float64)
-            m = rec[288:320].view(np.float16).astype(np.float64)
+            d = rec[at:at + 32].view(np.float16).astype(np.float64)
+            m = rec[at + 32:at + 64].view(np.float16).astype(np.float64)
             for p in range(4):
                 for r in range(16):
                     for i in range(4):
                         byte = rec[64 * p + 4 * r + i]
-                        out[16 * ti + r, 32 * b + 4 * p + i] = d[r] * (byte & 15) + m[r]
-                        out[16 * ti + r, 32 * b + 16 + 4 * p + i] = d[r] * (byte >> 4) + m[r]
+                        high = rec[256 + 4 * r + i] if bits == 5 else 0  # weight 4p+i at bit 2p, 16+4p+i at 2p+1
+                        lo = (byte & 15) | ((high >> (2 * p)) & 1) << 4
+                        hi = (byte >> 4) | ((high >> (2 * p + 1)) & 1) << 4
+                        out[16 * ti + r, 32 * b + 4 * p + i] = d[r] * lo + m[r]
+                        out[16 * ti + r, 32 * b + 16 + 4 * p + i] = d[r] * hi + m[r]
     return out
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
-def test_4bit_tiles_are_the_files_values(qtype):
-    raw, dense = _q4_file(32, 64, qtype, seed=1)
-    assert np.array_equal(_unpack(products.pack_q4(raw, qtype)), dense)
+TILED = [(Q.Q4_0, 4), (Q.Q4_1, 4), (Q.Q5_0, 5), (Q.Q5_1, 5)]
+
+
+@pytest.mark.parametrize("qtype,bits", TILED)
+def test_tiles_are_the_files_values(qtype, bits):
+    raw, dense = _groups_file(32, 64, qtype, seed=1)
+    tiles = products.pack_tiles(raw, qtype)
+    assert tiles.shape == (2, 2, products.RECORDS[bits])
+    assert np.array_equal(_unpack(tiles, bits), dense)
     with pytest.raises(ValueError, match="whole tiles"):
-        products.pack_q4(raw[:24], qtype)
+        products.pack_tiles(raw[:24], qtype)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
-def test_4bit_tiles_are_the_product_of_the_quantized_values(qtype, builds):
+def test_tiles_packed_a_few_rows_at_a_time_are_the_whole_packed(monkeypatch):
+    """pack_tiles packs PACK_ROWS rows at a time (an embedding's temporaries stay small): the same
+    bytes as packing the matrix whole."""
+    raw, _ = _groups_file(80, 64, Q.Q5_1, seed=3)
+    whole = products.pack_tiles(raw, Q.Q5_1)
+    monkeypatch.setattr(products, "PACK_ROWS", 32)
+    assert np.array_equal(products.pack_tiles(raw, Q.Q5_1), whole)
+
+
+@pytest.mark.parametrize("qtype,bits", TILED)
+def test_tiles_are_the_product_of_the_quantized_values(qtype, bits, builds):
     n, k = 48, 160
-    raw, dense = _q4_file(n, k, qtype, seed=2)
-    tiles = torch.from_numpy(products.pack_q4(raw, qtype))
+    raw, dense = _groups_file(n, k, qtype, seed=2)
+    tiles = torch.from_numpy(products.pack_tiles(raw, qtype))
     x = np.random.default_rng(3).standard_normal((11, k)).astype(np.float32)
     q, d = quantized(x)
     want = _reference(q, d, dense)
-    got = {isa: kernel.q4(tiles, n, torch.from_numpy(x)).numpy() for isa, kernel in builds.items()}
+    got = {isa: kernel.tiles(tiles, bits, n, torch.from_numpy(x)).numpy() for isa, kernel in builds.items()}
     for y in got.values():
         _close(y, want)
     # one 32-bit lane per row and the same operations per lane in every build: the same bits
@@ -143,15 +161,16 @@ def test_bfloat16_rows_are_float32_sums_of_the_rounded_values(builds):
         _close(kernel.bf16(w, x).numpy(), want, tol=1e-5)
 
 
-@pytest.mark.parametrize("which", ["int8", "q4", "bf16"])
+@pytest.mark.parametrize("which", ["int8", "q4", "q5", "bf16"])
 def test_a_row_has_the_same_bits_alone_and_in_any_batch(which, builds):
     """Any number of rows (register blocks of 8, a partial one), any thread count, any position."""
     rng = np.random.default_rng(5)
     n, k = 96, 288
-    if which == "q4":
-        raw, _ = _q4_file(n, k, Q.Q4_1, seed=6)
-        tiles = torch.from_numpy(products.pack_q4(raw, Q.Q4_1))
-        run = lambda kern, x, t: kern.q4(tiles, n, x, threads=t)  # noqa: E731
+    if which in ("q4", "q5"):
+        qtype, bits = (Q.Q4_1, 4) if which == "q4" else (Q.Q5_0, 5)
+        raw, _ = _groups_file(n, k, qtype, seed=6)
+        tiles = torch.from_numpy(products.pack_tiles(raw, qtype))
+        run = lambda kern, x, t: kern.tiles(tiles, bits, n, x, threads=t)  # noqa: E731
     elif which == "int8":
         qw, scale = int8_rows(rng.standard_normal((n, k)).astype(np.float32))
         run = lambda kern, x, t: kern.int8(qw, scale, x, threads=t)  # noqa: E731
@@ -173,9 +192,12 @@ def test_widths_that_are_not_whole_blocks_are_refused():
     q, scale = int8_rows(np.ones((4, 40), np.float32))
     with pytest.raises(ValueError, match="whole blocks"):
         kernel.int8(q, scale, torch.ones(1, 40))
-    raw, _ = _q4_file(16, 64, Q.Q4_0, seed=0)
+    raw, _ = _groups_file(16, 64, Q.Q4_0, seed=0)
+    tiles = torch.from_numpy(products.pack_tiles(raw, Q.Q4_0))
     with pytest.raises(ValueError, match="do not take rows"):
-        kernel.q4(torch.from_numpy(products.pack_q4(raw, Q.Q4_0)), 16, torch.ones(1, 96))
+        kernel.tiles(tiles, 4, 16, torch.ones(1, 96))
+    with pytest.raises(ValueError, match="do not take rows"):
+        kernel.tiles(tiles, 5, 16, torch.ones(1, 64))  # a 4-bit record is not a 5-bit one
 
 
 def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):

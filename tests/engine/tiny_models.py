@@ -58,7 +58,7 @@ HF_ARCHITECTURE = {
 SEEDS = {"llama": 1001, "mistral": 1002, "mixtral": 1003, "qwen2": 1004, "qwen3": 1005, "phi3": 1006}
 
 DTYPES = ("F32", "F16", "BF16", "Q8_0")  # the weights are exactly representable in each
-LOSSY_DTYPES = ("Q4_0", "Q4_1")  # not: for tests of 4-bit storage (test_int4_weights.py)
+LOSSY_DTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")  # not: for tests of 4- and 5-bit storage (test_int4_weights.py)
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer: minimal byte-level BPE (tokenizer.ggml.model = gpt2, pre = qwen2)

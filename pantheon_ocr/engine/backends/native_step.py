@@ -31,7 +31,7 @@ torch = require_torch()
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 BUILD_TIMEOUT = 300  # seconds; torch's headers take ~10 s to compile on 2 cores
-KINDS = {"bf16": 0, "int8": 1, "int4": 2, "tiles": 3}  # torch_weights.kind_of (4-bit tiles apart) -> the step's Kind
+KINDS = {"bf16": 0, "int8": 1, "groups": 2, "tiles4": 3, "tiles5": 4}  # torch_weights.kind_of (tiles apart) -> Kind
 MODES = {(True, True): 0, (True, False): 1, (False, False): 2, (False, True): 2}  # (rows exact, lone too) -> Mode
 ROLES = {"qkv": 0, "output": 1, "gate_up": 2, "down": 3}
 DTYPES = {torch.bfloat16: 0, torch.int8: 1, torch.uint8: 2, torch.int32: 3, torch.float32: 4}
@@ -108,7 +108,7 @@ class DecodeStep:
         self.lib, self.blocks, self.cfg = lib, blocks, c
         kernel = compiled_products()  # int8 rows and 4-bit tiles multiplied as torch_weights.linear does
         self._products = None if kernel is None else (ctypes.c_void_p * 5)(
-            *(kernel.address(f) for f in ("acts_size", "quantize_rows", "product_int8", "product_q4", "product_bf16")))
+            *(kernel.address(f) for f in ("acts_size", "quantize_rows", "product_int8", "product_tiles", "product_bf16")))
         self.handle = lib.step_new(len(blocks.layers), c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.eps,
                                    int(c.rope_neox), attention_address, self._products)
         if not self.handle:
@@ -128,16 +128,16 @@ class DecodeStep:
                 for w in weights:
                     data = w.torch_data()
                     kind = kind_of(data)
-                    if kind == "int4" and data.tiles is not None:
-                        kind, tensors = "tiles", (data.tiles, None)
+                    if kind == "groups" and data.tiles is not None:
+                        kind, tensors = f"tiles{data.bits}", (data.tiles, None)
                     else:
-                        tensors = (data.packed, data.scales_zeros) if kind == "int4" else data if kind == "int8" \
+                        tensors = (data.packed, data.scales_zeros) if kind == "groups" else data if kind == "int8" \
                             else (data, None)
                     tensors = [None if t is None else t.contiguous() for t in tensors]
                     self._keep += tensors
                     (wt, st) = tensors
                     size = lambda t: (ctypes.c_int64 * t.dim())(*t.shape)  # noqa: E731
-                    mode = MODES[_exact_rows(kind)] if kind != "tiles" else 0
+                    mode = 0 if kind.startswith("tiles") else MODES[_exact_rows(kind)]
                     rc = lib.step_matrix(self.handle, i, ROLES[role], KINDS[kind], mode,
                                          w.shape[0], w.shape[1], wt.data_ptr(), DTYPES[wt.dtype], size(wt), wt.dim(),
                                          _ptr(st), DTYPES[st.dtype] if st is not None else 0,

@@ -1,4 +1,5 @@
-"""Products of int8 rows and 4-bit tiles with int8 activation rows (csrc/products.c, which says how),
+"""Products of int8 rows, 4- and 5-bit tiles and bfloat16 rows with activation rows (csrc/products.c,
+which says how),
 built by native.py's outline into the user cache and called through ctypes; the compiled decode
 step (native_step.py) calls the same functions by address.
 
@@ -9,8 +10,8 @@ VNNI, so the products run at memory speed (docs/benchmarks.md). A row's bits nev
 other rows of the call: decode steps stay exact for any batch.
 
     kernel = products().kernel            # None where it does not build (the reason in .why)
-    tiles = pack_q4(raw, Q.Q4_1)          # a file's Q4_0 / Q4_1 blocks [out, row bytes] as 4-bit tiles
-    y = kernel.q4(tiles, out, x)          # x [M, in] float32 torch -> [M, out] float32
+    tiles = pack_tiles(raw, Q.Q4_1)       # a file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks [out, row bytes] as tiles
+    y = kernel.tiles(tiles, 4, out, x)    # x [M, in] float32 torch -> [M, out] float32
     y = kernel.int8(q, scale, x)          # int8 rows (torch_weights.int8_rows)
     y = kernel.bf16(w, x)                 # bfloat16 rows: bfloat16 activations, float32 sums
 """
@@ -32,8 +33,10 @@ torch = require_torch()
 
 QK = 32  # a block of activations, and a 4-bit group
 TILE = 16  # rows of a 4-bit tile
-RECORD = 320  # bytes per tile and block of 32 columns: 256 of nibbles, 16 float16 d, 16 float16 m
-Q4_TYPES = {Q.Q4_0: 2, Q.Q4_1: 4}  # bytes before a block's 16 bytes of nibbles (d; d and m)
+RECORDS = {4: 320, 5: 384}  # bytes per tile and block of 32 columns: 256 of nibbles, [64 of fifth bits,] d, m
+# a block's bytes before its 16 of nibbles (d, [m,] [the 32 fifth bits]), its bits, and m as a multiple
+# of d (None: the file's own m)
+TILE_TYPES = {Q.Q4_0: (2, 4, -8), Q.Q4_1: (4, 4, None), Q.Q5_0: (6, 5, -16), Q.Q5_1: (8, 5, None)}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Products:
         lib.acts_size.argtypes, lib.acts_size.restype = [i64, i64], i64
         lib.quantize_rows.argtypes, lib.quantize_rows.restype = [p, i64, i64, i64, p], i32
         lib.product_int8.argtypes, lib.product_int8.restype = [p, p, i64, i64, p, i64, p, i64, i32], i32
-        lib.product_q4.argtypes, lib.product_q4.restype = [p, i64, i64, p, i64, p, i64, i32], i32
+        lib.product_tiles.argtypes, lib.product_tiles.restype = [p, i32, i64, i64, p, i64, p, i64, i32], i32
         lib.product_bf16.argtypes, lib.product_bf16.restype = [p, i64, i64, p, i64, p, i64, i32], i32
         lib.products_vnni.restype = lib.products_bf16_units.restype = i32
         self.vnni = bool(lib.products_vnni())
@@ -97,33 +100,63 @@ class Products:
         self.lib.product_bf16(w.data_ptr(), n, k, xb.data_ptr(), m, y.data_ptr(), n, threads or torch.get_num_threads())
         return y
 
-    def q4(self, tiles, n: int, x, threads: int | None = None):
-        """x [M, in] float32 @ W.T for 4-bit tiles (pack_q4) of n rows -> [M, out] float32 torch."""
+    def tiles(self, tiles, bits: int, n: int, x, threads: int | None = None):
+        """x [M, in] float32 @ W.T for tiles (pack_tiles) of `bits`-bit weights, n rows -> [M, out]
+        float32 torch."""
         buf, m, k = self._acts(x)
-        if tiles.shape[1] * QK != k or not tiles.is_contiguous():
-            raise ValueError(f"4-bit tiles {tuple(tiles.shape)} do not take rows of {k}")
+        if tiles.shape[1] * QK != k or tiles.shape[2] != RECORDS.get(bits) or not tiles.is_contiguous():
+            raise ValueError(f"{bits}-bit tiles {tuple(tiles.shape)} do not take rows of {k}")
         y = torch.empty(m, n)
-        self.lib.product_q4(tiles.data_ptr(), n, k, buf.ctypes.data, m, y.data_ptr(), n,
-                            threads or torch.get_num_threads())
+        self.lib.product_tiles(tiles.data_ptr(), bits, n, k, buf.ctypes.data, m, y.data_ptr(), n,
+                               threads or torch.get_num_threads())
         return y
 
 
-def pack_q4(raw: np.ndarray, qtype: Q) -> np.ndarray:
-    """A file's Q4_0 / Q4_1 blocks raw [out, row bytes] (out a multiple of TILE) as 4-bit tiles
-    uint8 [out / 16, in / 32, RECORD] (csrc/products.c): per tile and block the 4-byte groups of the
-    16 rows' nibbles, part by part, then their float16 d and m (Q4_0: m = -8 d, exact in float16)."""
-    head = Q4_TYPES[qtype]
+PACK_ROWS = 4096  # rows packed at a time: a 151,936-row embedding's temporaries whole were ~0.5 GB
+
+
+def pack_tiles(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    """A file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks raw [out, row bytes] (out a multiple of TILE) as tiles
+    uint8 [out / 16, in / 32, RECORDS[bits]] (csrc/products.c): per tile and block the 4-byte groups of
+    the 16 rows' nibbles, part by part; for 5-bit the fifth bits (byte i of a row: weight 4p + i's at
+    bit 2p, 16 + 4p + i's at bit 2p + 1); then their float16 d and m (Q4_0: m = -8 d, Q5_0: m = -16 d,
+    exact in float16 unless it overflows, which is refused). PACK_ROWS rows at a time (each tile is
+    its own rows')."""
+    head, bits, _ = TILE_TYPES[qtype]
     out = raw.shape[0]
     if out % TILE:
         raise ValueError(f"{out} rows are not whole tiles of {TILE}")
-    b = raw.reshape(out, -1, head + 16)  # [out, blocks, bytes]
-    kb = b.shape[1]
+    kb = raw.reshape(out, -1, head + 16).shape[1]
+    tiles = np.empty((out // TILE, kb, RECORDS[bits]), np.uint8)
+    for r in range(0, out, PACK_ROWS):
+        tiles[r // TILE:(r + PACK_ROWS) // TILE] = _pack(raw[r:r + PACK_ROWS], qtype)
+    return tiles
+
+
+def _pack(raw: np.ndarray, qtype: Q) -> np.ndarray:
+    """pack_tiles of a few whole tiles' rows."""
+    head, bits, zero = TILE_TYPES[qtype]
+    b = raw.reshape(raw.shape[0], -1, head + 16)  # [rows, blocks, bytes]
+    t, kb = b.shape[0] // TILE, b.shape[1]
     d = b[..., 0:2]
-    m = b[..., 2:4] if head == 4 else (np.float16(-8) * d.copy().view(np.float16)).view(np.uint8)
-    t = out // TILE
-    nibbles = b[..., head:].reshape(t, TILE, kb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(t, kb, 256)
-    d, m = (np.ascontiguousarray(a).reshape(t, TILE, kb, 2).transpose(0, 2, 1, 3).reshape(t, kb, 32) for a in (d, m))
-    return np.concatenate([nibbles, d, m], axis=-1)
+    if zero is None:  # the file's own m
+        m = b[..., 2:4]
+    else:
+        m = np.float16(zero) * d.copy().view(np.float16)
+        if not np.isfinite(m).all():
+            raise ValueError(f"{qtype.name} scales too large for float16 minimums")
+        m = m.view(np.uint8)
+    per_row = lambda a: np.ascontiguousarray(a).reshape(t, TILE, kb, -1).transpose(0, 2, 1, 3).reshape(t, kb, -1)  # noqa: E731
+    parts = [b[..., head:].reshape(t, TILE, kb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(t, kb, 256)]
+    if bits == 5:
+        qh = b[..., head - 4:head].copy().view("<u4")[..., 0]  # [rows, blocks]: bit j = weight j's fifth bit
+        fifth = np.zeros((*qh.shape, 4), np.uint8)  # byte i of a row's 4
+        for p in range(4):
+            for i in range(4):
+                fifth[..., i] |= (((qh >> (4 * p + i)) & 1) << (2 * p) | ((qh >> (16 + 4 * p + i)) & 1) << (2 * p + 1)
+                                  ).astype(np.uint8)
+        parts.append(per_row(fifth))
+    return np.concatenate([*parts, per_row(d), per_row(m)], axis=-1)
 
 
 def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> BuiltProducts:

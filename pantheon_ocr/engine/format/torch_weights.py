@@ -10,7 +10,7 @@ instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's tim
   `linear`.
 - int8: each row as int8 with one bfloat16 scale (its largest magnitude / 127), quantized at load
   from whatever the file holds, so a decode step reads one byte per weight instead of two. A matrix
-  the file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Int4Groups`): half a byte per
+  the file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Groups`): half a byte per
   weight, and the file's own values rather than a second quantization.
 
 Where the compiled products build (backends/products.py, csrc/products.c), a decode step's rows
@@ -79,8 +79,10 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
 
 
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
-INT4_GROUP = 32  # weights per scale (and zero) in both
-TILE = 16  # rows of a 4-bit tile (backends/products.py; not imported: it builds a library)
+# groups of 32 the compiled products' tiles take as they are, and their bits (backends/products.py)
+TILE_BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5}
+INT4_GROUP = 32  # weights per scale (and zero) in all of them
+TILE = 16  # rows of a tile (backends/products.py; not imported: it builds a library)
 _PACK_ROWS: list[int] = []  # int4_pack_rows, measured once per process
 
 
@@ -101,22 +103,26 @@ def int4_pack_rows() -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class Int4Groups:
-    """A matrix the file holds as 4-bit groups, weight = d q + m per group of 32 along a row, q in
-    0..15 (Q4_0: m = -8 d), held one of two ways:
-    - tiles, where the compiled products build (backends/products.py): the file's nibbles, d and m
-      regrouped 16 rows at a time, the same values; every product quantizes its rows to int8.
-    - else torch's int4-weight kernel's layout (aten._weight_int4pack_mm_for_cpu): weight =
-      (q - 8) * scale + zero, scale d and zero m + 8d rounded to bfloat16, the kernel's type (2^-9 of
-      a step at most); bfloat16 rows, one call for any number of rows and a row's bits the same for
-      every M (measured, `rows_exact_for_any_m`).
-    Decode steps read half a byte per weight."""
+class Groups:
+    """A matrix the file holds as 4- or 5-bit groups, weight = d q + m per group of 32 along a row, q
+    in 0..15 or 0..31 (Q4_0: m = -8 d, Q5_0: m = -16 d), held one of two ways:
+    - tiles, where the compiled products build (backends/products.py; Q4_0, Q4_1, Q5_0, Q5_1): the
+      file's bits, d and m regrouped 16 rows at a time, the same values; every product quantizes its
+      rows to int8. A decode step reads 0.625 (4-bit) or 0.75 (5-bit) bytes per weight.
+    - else torch's int4-weight kernel's layout (Q4_0, Q4_1; aten._weight_int4pack_mm_for_cpu): weight
+      = (q - 8) * scale + zero, scale d and zero m + 8d rounded to bfloat16, the kernel's type (2^-9
+      of a step at most); bfloat16 rows, one call for any number of rows and a row's bits the same for
+      every M (measured, `rows_exact_for_any_m`)."""
 
     packed: "torch.Tensor | None"  # q [out, in] in torch's int4 layout (uint8 [out, in / 2], 32 rows a block)
     scales_zeros: "torch.Tensor | None"  # [in / 32, out, 2] bfloat16
     raw: np.ndarray | None  # the file's blocks [out, row_bytes] (a view of its map): rows decode from it
     qtype: Q
-    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, 320] (products.pack_q4), instead of packed
+    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, 320 or 384] (products.pack_tiles), instead of packed
+
+    @property
+    def bits(self) -> int:
+        return TILE_BITS[self.qtype]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -132,27 +138,31 @@ def compiled_products():
     return products().kernel
 
 
-def int4_fits(qtype: Q, shape: tuple[int, int]) -> bool:
-    """Whether a matrix stays 4-bit under int8 storage: a Q4_0 / Q4_1 one of whole row blocks
-    (tiles of 16 rows, or int4_pack_rows for torch's kernel)."""
-    rows = TILE if compiled_products() is not None else int4_pack_rows()
-    return qtype in INT4_TYPES and shape[1] % INT4_GROUP == 0 and shape[0] % rows == 0
+def groups_fit(qtype: Q, shape: tuple[int, int]) -> bool:
+    """Whether a matrix keeps the file's groups under int8 storage: a Q4_0 / Q4_1 / Q5_0 / Q5_1 one of
+    whole tiles of 16 rows where the compiled products build, else a Q4_0 / Q4_1 one of whole
+    int4_pack_rows blocks for torch's kernel (the others become int8 rows)."""
+    if shape[1] % INT4_GROUP:
+        return False
+    if compiled_products() is not None:
+        return qtype in TILE_BITS and shape[0] % TILE == 0
+    return qtype in INT4_TYPES and shape[0] % int4_pack_rows() == 0
 
 
-def int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
-    """The file's Q4_0 / Q4_1 blocks raw [out, row_bytes] as `Int4Groups`: tiles where the compiled
+def groups_of(raw: np.ndarray, qtype: Q) -> Groups:
+    """The file's blocks raw [out, row_bytes] (groups_fit) as `Groups`: tiles where the compiled
     products build, else torch's layout QUANTIZE_ROWS rows at a time (q widened to int32 for torch's
-    packing is 4 bytes a weight). A block is float16 d (and m for Q4_1), then 16 bytes: the low
-    nibbles are weights 0..15, the high ones 16..31."""
+    packing is 4 bytes a weight). A Q4 block is float16 d (and m for Q4_1), then 16 bytes: the low
+    nibbles are weights 0..15, the high ones 16..31 (Q5: d, [m,] 32 fifth bits, then the same)."""
     if compiled_products() is not None and raw.shape[0] % TILE == 0:
-        from ..backends.products import pack_q4
+        from ..backends.products import pack_tiles
 
-        return Int4Groups(None, None, raw, qtype, torch.from_numpy(pack_q4(raw, qtype)))
+        return Groups(None, None, raw, qtype, torch.from_numpy(pack_tiles(raw, qtype)))
     return torch_int4_groups(raw, qtype)
 
 
-def torch_int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
-    """int4_groups in torch's int4-weight layout, whether the compiled products build or not."""
+def torch_int4_groups(raw: np.ndarray, qtype: Q) -> Groups:
+    """groups_of in torch's int4-weight layout, whether the compiled products build or not."""
     out, head = raw.shape[0], 2 if qtype == Q.Q4_0 else 4
     packs, sz = [], []
     for r in range(0, out, QUANTIZE_ROWS):
@@ -163,7 +173,7 @@ def torch_int4_groups(raw: np.ndarray, qtype: Q) -> Int4Groups:
         q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(b.shape[0], -1)  # [rows, in]
         packs.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1))
         sz.append(torch.from_numpy(np.stack([d, zero], axis=-1)).to(torch.bfloat16).transpose(0, 1))  # [groups, rows, 2]
-    return Int4Groups(torch.cat(packs), torch.cat(sz, dim=1).contiguous(), raw, qtype)
+    return Groups(torch.cat(packs), torch.cat(sz, dim=1).contiguous(), raw, qtype)
 
 
 def product(data, m: int = 1):
@@ -172,9 +182,9 @@ def product(data, m: int = 1):
     depend on M) widens the matrix to bfloat16 (exact: |q| <= 127) for oneDNN's GEMM: the int8
     kernel is 2.3x faster than bf16 at 1-2 rows but 2.7x slower at 512 (measured, LightOnOCR-1B
     layer shapes, 2 threads: 0.52 vs 1.21 ms per layer at one row, 51 vs 19 ms at 512)."""
-    if isinstance(data, Int4Groups) and data.tiles is not None:  # float32 results, rows quantized to int8
-        return lambda xb: compiled_products().q4(data.tiles, data.shape[0], xb.float())
-    if isinstance(data, Int4Groups):  # any m, prompts too: 40 ms for 512 rows of 3,072 x 576 on AVX2, float32's
+    if isinstance(data, Groups) and data.tiles is not None:  # float32 results, rows quantized to int8
+        return lambda xb: compiled_products().tiles(data.tiles, data.bits, data.shape[0], xb.float())
+    if isinstance(data, Groups):  # any m, prompts too: 40 ms for 512 rows of 3,072 x 576 on AVX2, float32's
         # GEMM 28 ms on a matrix already widened (widening per product, from the file's blocks, was not tried)
         return lambda xb: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data.packed, INT4_GROUP, data.scales_zeros)
     if not isinstance(data, tuple):
@@ -198,7 +208,7 @@ def float32_product(data, x):
 def compiled_kind(data, exact_rows: bool) -> str | None:
     """Which compiled product (backends/products.py) multiplies `data`, or None for torch's: 4-bit
     tiles always; int8 and bfloat16 rows in exact-rows products (decode steps), where it builds."""
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         return "tiles" if data.tiles is not None else None
     if not exact_rows or compiled_products() is None:
         return None
@@ -222,12 +232,12 @@ def linear(data, x, exact_rows: bool = False):
     m = x.shape[0]
     compiled = compiled_kind(data, exact_rows)
     if compiled == "tiles":
-        return compiled_products().q4(data.tiles, data.shape[0], x.float())
+        return compiled_products().tiles(data.tiles, data.bits, data.shape[0], x.float())
     if compiled == "int8":
         return compiled_products().int8(data[0], data[1], x.float())
     if compiled == "bf16":
         return compiled_products().bf16(data, x)
-    if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16() and not isinstance(data, Int4Groups):
+    if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16() and not isinstance(data, Groups):
         return float32_product(data, x)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # rows already rounded: shared by projections
     op = product(data, 1 if exact_rows else m)
@@ -253,8 +263,8 @@ _ROWS_EXACT: dict[str, tuple[bool, bool]] = {}  # kind -> (rows exact for any M 
 
 
 def kind_of(data) -> str:
-    """What a matrix's data is: "bf16" (a tensor), "int8" ((q, scale) rows) or "int4" (Int4Groups)."""
-    return "int4" if isinstance(data, Int4Groups) else "int8" if isinstance(data, tuple) else "bf16"
+    """What a matrix's data is: "bf16" (a tensor), "int8" ((q, scale) rows) or "groups" (Groups)."""
+    return "groups" if isinstance(data, Groups) else "int8" if isinstance(data, tuple) else "bf16"
 
 
 def rows_exact_for_any_m(kind: str) -> bool:
@@ -270,10 +280,10 @@ def rows_exact_for_any_m(kind: str) -> bool:
 
 
 def _random_matrix(kind: str, out: int, inp: int, gen):
-    if kind == "int4":  # Q4_1 blocks of random bytes with small positive float16 d and m
+    if kind == "groups":  # Q4_1 blocks of random bytes with small positive float16 d and m
         raw = torch.randint(0, 256, (out, inp // INT4_GROUP, 20), dtype=torch.uint8, generator=gen).numpy()
         raw[..., :4] = np.full((out, inp // INT4_GROUP, 2), 0.01, np.float16).view(np.uint8)
-        return int4_groups(raw.reshape(out, -1), Q.Q4_1)
+        return groups_of(raw.reshape(out, -1), Q.Q4_1)
     w = torch.randn(out, inp, generator=gen)
     return int8_rows(w.numpy()) if kind == "int8" else w.to(torch.bfloat16)
 
@@ -301,7 +311,7 @@ def _exact_rows(kind: str) -> tuple[bool, bool]:
 
 def rows_f32(data, ids: np.ndarray) -> np.ndarray:
     """Rows W[ids] as float32 numpy [len(ids), in] (4-bit groups: decoded from the file's blocks)."""
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         if data.raw is None:
             raise ValueError("a stack of 4-bit matrices has no rows of its own to look up")
         return quants.dequantize(data.raw[ids], data.qtype).astype(np.float32, copy=False)
@@ -315,15 +325,15 @@ def rows_f32(data, ids: np.ndarray) -> np.ndarray:
 
 def stack(datas: list):
     """The rows of several matrices of one kind (kind_of), in order, as one: bf16 tensors, int8
-    (q, scale) pairs, or Int4Groups of whole int4_pack_rows() blocks (the pack of a stack is the stack of
+    (q, scale) pairs, or Groups of whole int4_pack_rows() blocks (the pack of a stack is the stack of
     the packs)."""
     kinds = {kind_of(d) for d in datas}
     if len(kinds) != 1:
         raise ValueError(f"cannot stack matrices of kinds {sorted(kinds)}")
-    if kinds == {"int4"} and datas[0].tiles is not None:  # whole tiles: the stack's tiles are its parts'
-        return Int4Groups(None, None, None, datas[0].qtype, torch.cat([d.tiles for d in datas]))
-    if kinds == {"int4"}:
-        return Int4Groups(torch.cat([d.packed for d in datas]), torch.cat([d.scales_zeros for d in datas], dim=1),
+    if kinds == {"groups"} and datas[0].tiles is not None:  # whole tiles: the stack's tiles are its parts'
+        return Groups(None, None, None, datas[0].qtype, torch.cat([d.tiles for d in datas]))
+    if kinds == {"groups"}:
+        return Groups(torch.cat([d.packed for d in datas]), torch.cat([d.scales_zeros for d in datas], dim=1),
                           None, datas[0].qtype)
     if kinds == {"int8"}:
         return torch.cat([q for q, _ in datas]), torch.cat([s for _, s in datas])
@@ -334,9 +344,9 @@ def row_views(data, parts: list) -> list:
     """A stack's rows (stack(parts)) cut back into its parts: views of the stack, nothing copied
     (4-bit groups: the packed rows are views, the few scales copies: the kernel takes them whole)."""
     sizes = [shape_of(p)[0] for p in parts]
-    if isinstance(data, Int4Groups) and data.tiles is not None:
+    if isinstance(data, Groups) and data.tiles is not None:
         return [replace(p, tiles=t) for p, t in zip(parts, data.tiles.split([n // TILE for n in sizes]))]
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         return [replace(p, packed=w, scales_zeros=sz.contiguous())
                 for p, w, sz in zip(parts, data.packed.split(sizes), data.scales_zeros.split(sizes, dim=1))]
     if isinstance(data, tuple):
@@ -346,14 +356,14 @@ def row_views(data, parts: list) -> list:
 
 def tensors_of(data) -> tuple:
     """The torch tensors a matrix's data holds (kind_of)."""
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         return (data.tiles,) if data.tiles is not None else (data.packed, data.scales_zeros)
     return data if isinstance(data, tuple) else (data,)
 
 
 def with_tensors(data, tensors: tuple):
     """The matrix `data` holding `tensors` (tensors_of's, in its order) instead of its own."""
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         if data.tiles is not None:
             return replace(data, tiles=tensors[0])
         return replace(data, packed=tensors[0], scales_zeros=tensors[1])
@@ -403,7 +413,7 @@ def _rehome(w, i: int, storage) -> None:
 
 
 def shape_of(data) -> tuple[int, int]:
-    if isinstance(data, Int4Groups):
+    if isinstance(data, Groups):
         return data.shape
     return tuple((data[0] if isinstance(data, tuple) else data).shape)
 

@@ -71,12 +71,19 @@ class Weight:
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
         elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here,
-            # or the file's 4-bit groups as they are (torch_weights.Int4Groups)
-            from .torch_weights import int4_fits, int4_groups, int8_rows_of
+            # or the file's 4- / 5-bit groups as they are (torch_weights.Groups)
+            from .torch_weights import groups_fit, groups_of, int8_rows_of
 
             self.copied = True
-            self._data = int4_groups(raw.reshape(shape[0], -1), qtype) if int4_fits(qtype, shape) else \
-                int8_rows_of(raw.reshape(shape[0], -1), lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
+            self._data = None
+            if groups_fit(qtype, shape):
+                try:
+                    self._data = groups_of(raw.reshape(shape[0], -1), qtype)
+                except ValueError:  # a minimum -8 d / -16 d past float16's range: int8 rows then
+                    pass
+            if self._data is None:
+                self._data = int8_rows_of(raw.reshape(shape[0], -1),
+                                          lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
             self.copied = qtype != Q.F32
@@ -113,7 +120,7 @@ class Weight:
 
     def torch_data(self):
         """The torch storages' matrix as torch_weights keeps it (a bfloat16 tensor, int8 (q, scale)
-        rows or Int4Groups): what a compiled caller multiplies (backends/native_step.py)."""
+        rows or Groups): what a compiled caller multiplies (backends/native_step.py)."""
         if self.storage not in TORCH_STORAGES:
             raise ValueError(f"{self.name} is stored as {self.storage}: torch multiplies only {TORCH_STORAGES}")
         return self._data

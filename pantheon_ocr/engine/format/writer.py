@@ -40,7 +40,7 @@ from . import names as N
 
 QUANT_VERSION = gguf.GGML_QUANT_VERSION
 # llama.cpp's LlamaFileType of a file whose matrices are mostly of that type (general.file_type)
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q6_K": 18, "Q4_K_S": 14, "Q4_K_M": 15, "BF16": 32}
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7, "Q6_K": 18, "Q4_K_S": 14, "Q4_K_M": 15, "BF16": 32}
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # LightOnOCR's image normalisation (CLIP's)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 LOG_BYTES = 64 << 20  # write_gguf(log=...) reports after each tensor larger than this, and at the end

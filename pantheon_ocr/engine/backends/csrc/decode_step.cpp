@@ -4,7 +4,7 @@
  * Why: a SmolLM2-135M step at one sequence is 30 layers of ~70 small torch operations, each a few
  * microseconds of Python and dispatch: 17.5 ms a step, of which the products are ~7 ms (Xeon, 2
  * threads). Here the products are torch_weights.linear's exact-rows paths (the same kernels, so the
- * same bits per row): int8 rows and 4-bit tiles through csrc/products.c (handed over by address,
+ * same bits per row): int8 rows and 4- / 5-bit tiles through csrc/products.c (handed over by address,
  * each input's rows quantized once for the matrices that share them) where it builds, else the same
  * ATen calls; everything between them is a plain loop over a few thousand floats: norms, biases,
  * RoPE, the KV pool's store, SwiGLU and the residual sums.
@@ -29,7 +29,7 @@
 
 namespace {
 
-enum Kind { BF16 = 0, INT8 = 1, INT4 = 2, TILES = 3 }; /* torch_weights.kind_of; TILES: 4-bit tiles */
+enum Kind { BF16 = 0, INT8 = 1, INT4 = 2, TILES4 = 3, TILES5 = 4 }; /* torch_weights.kind_of; 4- / 5-bit tiles */
 enum Mode { ONE_CALL = 0, PAD_LONE = 1, BLOCKS = 2 }; /* torch_weights.linear's exact-rows paths */
 enum Role { QKV = 0, OUTPUT = 1, GATE_UP = 2, DOWN = 3 };
 enum Pool { POOL_BF16 = 0, POOL_INT8 = 1 };          /* decode_attention.c's kinds */
@@ -45,7 +45,7 @@ struct Products {
     int (*quantize)(const float *, int64_t, int64_t, int64_t, void *) = nullptr;
     int (*int8)(const int8_t *, const uint16_t *, int64_t, int64_t, const void *, int64_t, float *, int64_t,
                 int) = nullptr;
-    int (*q4)(const uint8_t *, int64_t, int64_t, const void *, int64_t, float *, int64_t, int) = nullptr;
+    int (*tiles)(const uint8_t *, int, int64_t, int64_t, const void *, int64_t, float *, int64_t, int) = nullptr;
     int (*bf16)(const uint16_t *, int64_t, int64_t, const uint16_t *, int64_t, float *, int64_t, int) = nullptr;
 };
 
@@ -138,9 +138,10 @@ void linear(const Matrix &a, Rows &x, float *y, int64_t ldy, const Products &p, 
             throw std::runtime_error("the compiled products refused a matrix");
         return;
     }
-    if (a.kind == TILES || (a.kind == INT8 && p.int8)) {
-        int rc = a.kind == TILES
-                     ? p.q4(static_cast<const uint8_t *>(a.w.data_ptr()), a.out, a.in, acts_of(x, p), m, y, ldy, threads)
+    if (a.kind == TILES4 || a.kind == TILES5 || (a.kind == INT8 && p.int8)) {
+        int rc = a.kind != INT8
+                     ? p.tiles(static_cast<const uint8_t *>(a.w.data_ptr()), a.kind == TILES5 ? 5 : 4, a.out, a.in,
+                               acts_of(x, p), m, y, ldy, threads)
                      : p.int8(static_cast<const int8_t *>(a.w.data_ptr()), static_cast<const uint16_t *>(a.s.data_ptr()),
                               a.out, a.in, acts_of(x, p), m, y, ldy, threads);
         if (rc != 0) throw std::runtime_error("the compiled products refused a matrix");
@@ -301,9 +302,9 @@ static thread_local char last_error[512];
 
 const char *step_error() { return last_error; }
 
-/* products: csrc/products.c's acts_size, quantize_rows, product_int8, product_q4 and product_bf16 by
+/* products: csrc/products.c's acts_size, quantize_rows, product_int8, product_tiles and product_bf16 by
  * address, or null (int8 and bfloat16 rows then multiply through torch's kernels, and no matrix may be
- * TILES) */
+ * tiles) */
 void *step_new(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t n_kv, int64_t head_dim, int64_t n_ff,
                float eps, int neox, void *attention, void *const *products) {
     if (head_dim > 512 || head_dim % 2 || n_kv < 1 || n_head % n_kv) {
@@ -316,7 +317,7 @@ void *step_new(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t n_kv, in
         st->products.size = reinterpret_cast<int64_t (*)(int64_t, int64_t)>(products[0]);
         st->products.quantize = reinterpret_cast<decltype(st->products.quantize)>(products[1]);
         st->products.int8 = reinterpret_cast<decltype(st->products.int8)>(products[2]);
-        st->products.q4 = reinterpret_cast<decltype(st->products.q4)>(products[3]);
+        st->products.tiles = reinterpret_cast<decltype(st->products.tiles)>(products[3]);
         st->products.bf16 = reinterpret_cast<decltype(st->products.bf16)>(products[4]);
     }
     st->layers.resize(n_layer);
@@ -340,7 +341,8 @@ int step_matrix(void *sp, int64_t layer, int role, int kind, int mode, int64_t o
     try {
         Step &st = *static_cast<Step *>(sp);
         Layer &L = st.layers.at(layer);
-        if (kind == TILES && !st.products.q4) throw std::runtime_error("4-bit tiles need the compiled products");
+        if ((kind == TILES4 || kind == TILES5) && !st.products.tiles)
+            throw std::runtime_error("tiles need the compiled products");
         Matrix a;
         a.kind = kind, a.mode = mode, a.out = out, a.in = in;
         auto opts = [](int code) { return at::TensorOptions().dtype(dtype_of(code)); };

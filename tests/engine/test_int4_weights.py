@@ -1,4 +1,5 @@
-"""4-bit groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit
+"""Groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit (Q5_0 / Q5_1 5-bit and
+Q8_0 its blocks where the compiled products build)
 (format/torch_weights.Groups: the compiled products' tiles where they build, else torch's
 int4-weight kernel's layout; both are tested here): the file's values, exact rows whatever the batch,
 a stack the same bits as its parts, and the error against float32 stated."""
@@ -57,7 +58,8 @@ def test_4bit_groups_multiply_as_the_files_values(qtype, layout):
     ref = x.to(torch.bfloat16).float().numpy() @ dense.T
     assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
     assert np.array_equal(TW.rows_f32(data, np.array([3, 0, 63])), dense[[3, 0, 63]])  # lookups: the file's rows
-    assert not TW.groups_fit(qtype, (40, 96)) and not TW.groups_fit(Q.Q8_0, dense.shape)  # int8 rows then
+    assert not TW.groups_fit(qtype, (40, 96))  # int8 rows then
+    assert TW.groups_fit(Q.Q8_0, dense.shape) == (layout == "tiles")  # torch has no int8-group kernel
 
 
 def test_torch_layout_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
@@ -119,18 +121,18 @@ def test_4bit_file_loads_as_groups_and_batch_rows_are_exact(tmp_path, dtype, lay
                                     pool=model.decoder.new_pool(kind)))
 
 
-@pytest.mark.parametrize("dtype", ["Q5_0", "Q5_1"])
-def test_5bit_file_keeps_its_groups_as_tiles(tmp_path, dtype, monkeypatch):
-    """Q5_0 / Q5_1 matrices are tiles of the file's 5-bit values where the compiled products build
-    (0.75 bytes a weight, not int8 rows' 1 and a second quantization): exact rows in any batch, the
-    greedy stream of the file's float32 values; without the products, int8 rows (torch has no 5-bit
-    kernel)."""
+@pytest.mark.parametrize("dtype,bits", [("Q5_0", 5), ("Q5_1", 5), ("Q8_0", 8)])
+def test_5_and_8bit_files_keep_their_groups_as_tiles(tmp_path, dtype, bits, monkeypatch):
+    """Q5_0 / Q5_1 / Q8_0 matrices are tiles of the file's values where the compiled products build
+    (5-bit: 0.75 bytes a weight, not int8 rows' 1; 8-bit: the file's blocks, not a second quantization
+    to a scale per row): exact rows in any batch, the greedy stream of the file's float32 values;
+    without the products, int8 rows (torch has no 5-bit or int8-group kernel)."""
     products_or_skip()
     path = tmp_path / "m.gguf"
     write_tiny(path, "llama", dtype=dtype)  # (qwen3's tiny stream meets a near-tie: margin 0.029 at step 2)
     model = load_model(path, weights="int8")
     data = model.decoder.layers[0].attn_q._data
-    assert TW.kind_of(data) == "groups" and data.bits == 5 and data.tiles.shape[2] == 384
+    assert TW.kind_of(data) == "groups" and data.bits == bits and data.tiles.shape[2] == {5: 384, 8: 544}[bits]
     for B in (1, 3, 16):
         prompts = _prompts(model.config.n_vocab, B, seed=B)
         assert_varied(run_exact(model.decoder, prompts, _joins(B, B), steps=4, no_repeat=True,
@@ -157,3 +159,13 @@ def test_4bit_file_greedy_stream_is_its_float32_stream(tmp_path, layout):
     toks, got = greedy(q.decoder, prompt, "float32", n=12)
     assert toks == ref_toks
     assert 1e-5 < np.abs(got - ref).max() / np.abs(ref).max() <= 3e-2
+
+
+def test_groups_of_other_bits_are_not_stacked():
+    """A Q4_K_M layer's q / k may be 5-bit tiles and its v 8-bit ones: their records differ, so they stay
+    apart (weights.can_stack says no, stack refuses)."""
+    products_or_skip()
+    five, eight = (TW.groups_of(_blocks(q, shape=(16, 64))[0], q) for q in (Q.Q5_0, Q.Q8_0))
+    assert TW.kind_of(five) == TW.kind_of(eight) == "groups" and TW.layout_of(five) != TW.layout_of(eight)
+    with pytest.raises(ValueError, match="kinds"):
+        TW.stack([five, eight])

@@ -1,5 +1,5 @@
 """The compiled products (engine/backends/products.py, csrc/products.c): activation rows quantized to
-int8 in blocks of 32 as the naive definition says; int8 rows, 4- and 5-bit tiles and bfloat16 rows
+int8 in blocks of 32 as the naive definition says; int8 rows, 4-, 5- and 8-bit tiles and bfloat16 rows
 multiplied as float64 references of the same quantized values say; a row's bits the same alone and in
 any batch, register block or thread count, in every build this CPU has; the tiles the file's own
 values; and widths they cannot take refused."""
@@ -96,12 +96,21 @@ def _unpack(tiles: np.ndarray, bits: int) -> np.ndarray:
     """Tiles back to weights d q + m [N, K] float64, by csrc/products.c's layout written out."""
     t, kb, _ = tiles.shape
     out = np.zeros((t * 16, kb * 32))
-    at = 320 if bits == 5 else 256  # d and m after the nibbles and the fifth bits
+    at = {4: 256, 5: 320, 8: 512}[bits]  # d and m after the weights (and the fifth bits)
     for ti in range(t):
         for b in range(kb):
             rec = tiles[ti, b]
             d = rec[at:at + 32].view(np.float16).astype(np.float64)
             m = rec[at + 32:at + 64].view(np.float16).astype(np.float64)
+            if bits == 8:  # the tile's blocks of weights (part p: each row's 4p..4p+3 as bytes), then their d
+                flat = tiles[ti].reshape(-1)
+                d = flat[512 * kb + 32 * b:][:32].view(np.float16).astype(np.float64)
+                for p in range(8):
+                    for r in range(16):
+                        for i in range(4):
+                            q = int(flat[512 * b + 64 * p + 4 * r + i])
+                            out[16 * ti + r, 32 * b + 4 * p + i] = d[r] * q - 128 * d[r]
+                continue
             for p in range(4):
                 for r in range(16):
                     for i in range(4):
@@ -114,7 +123,7 @@ def _unpack(tiles: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
-TILED = [(Q.Q4_0, 4), (Q.Q4_1, 4), (Q.Q5_0, 5), (Q.Q5_1, 5)]
+TILED = [(Q.Q4_0, 4), (Q.Q4_1, 4), (Q.Q5_0, 5), (Q.Q5_1, 5), (Q.Q8_0, 8)]
 
 
 @pytest.mark.parametrize("qtype,bits", TILED)
@@ -161,13 +170,13 @@ def test_bfloat16_rows_are_float32_sums_of_the_rounded_values(builds):
         _close(kernel.bf16(w, x).numpy(), want, tol=1e-5)
 
 
-@pytest.mark.parametrize("which", ["int8", "q4", "q5", "bf16"])
+@pytest.mark.parametrize("which", ["int8", "q4", "q5", "q8", "bf16"])
 def test_a_row_has_the_same_bits_alone_and_in_any_batch(which, builds):
     """Any number of rows (register blocks of 8, a partial one), any thread count, any position."""
     rng = np.random.default_rng(5)
     n, k = 96, 288
-    if which in ("q4", "q5"):
-        qtype, bits = (Q.Q4_1, 4) if which == "q4" else (Q.Q5_0, 5)
+    if which in ("q4", "q5", "q8"):
+        qtype, bits = {"q4": (Q.Q4_1, 4), "q5": (Q.Q5_0, 5), "q8": (Q.Q8_0, 8)}[which]
         raw, _ = _groups_file(n, k, qtype, seed=6)
         tiles = torch.from_numpy(products.pack_tiles(raw, qtype))
         run = lambda kern, x, t: kern.tiles(tiles, bits, n, x, threads=t)  # noqa: E731
@@ -198,6 +207,18 @@ def test_widths_that_are_not_whole_blocks_are_refused():
         kernel.tiles(tiles, 4, 16, torch.ones(1, 96))
     with pytest.raises(ValueError, match="do not take rows"):
         kernel.tiles(tiles, 5, 16, torch.ones(1, 64))  # a 4-bit record is not a 5-bit one
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0])
+def test_a_minimum_past_float16_is_refused(qtype):
+    """m = -8 d (Q4_0) or -16 d (Q5_0) is stored as float16: a scale that would overflow it is refused
+    (the matrix then stays int8 rows). Q8_0's m = -128 d is made in float32 by the kernel."""
+    raw, _ = _groups_file(16, 64, qtype, seed=0)
+    head = products.TILE_TYPES[qtype][0] + products.WEIGHT_BYTES[products.TILE_TYPES[qtype][1]]
+    blocks = raw.reshape(16, 2, head)
+    blocks[3, 1, :2] = np.array([9000.0], np.float16).view(np.uint8)  # d = 9,000: -8 d and -16 d pass 65,504
+    with pytest.raises(ValueError, match="too large for float16"):
+        products.pack_tiles(blocks.reshape(16, -1), qtype)
 
 
 def test_a_build_that_cannot_happen_says_why(tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ torch = require_torch()
 
 SOURCE = Path(__file__).parent / "csrc" / "decode_step.cpp"
 BUILD_TIMEOUT = 300  # seconds; torch's headers take ~10 s to compile on 2 cores
-KINDS = {"bf16": 0, "int8": 1, "groups": 2, "tiles4": 3, "tiles5": 4}  # torch_weights.kind_of (tiles apart) -> Kind
+KINDS = {"bf16": 0, "int8": 1, "groups": 2, "tiles4": 3, "tiles5": 4, "tiles8": 5}  # torch_weights.kind_of (tiles apart) -> Kind
 MODES = {(True, True): 0, (True, False): 1, (False, False): 2, (False, True): 2}  # (rows exact, lone too) -> Mode
 ROLES = {"qkv": 0, "output": 1, "gate_up": 2, "down": 3}
 DTYPES = {torch.bfloat16: 0, torch.int8: 1, torch.uint8: 2, torch.int32: 3, torch.float32: 4}

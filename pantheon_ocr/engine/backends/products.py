@@ -1,4 +1,4 @@
-"""Products of int8 rows, 4- and 5-bit tiles and bfloat16 rows with activation rows (csrc/products.c,
+"""Products of int8 rows, 4-, 5- and 8-bit tiles and bfloat16 rows with activation rows (csrc/products.c,
 which says how),
 built by native.py's outline into the user cache and called through ctypes; the compiled decode
 step (native_step.py) calls the same functions by address.
@@ -10,7 +10,7 @@ VNNI, so the products run at memory speed (docs/benchmarks.md). A row's bits nev
 other rows of the call: decode steps stay exact for any batch.
 
     kernel = products().kernel            # None where it does not build (the reason in .why)
-    tiles = pack_tiles(raw, Q.Q4_1)       # a file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks [out, row bytes] as tiles
+    tiles = pack_tiles(raw, Q.Q4_1)       # a file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks [out, row bytes]
     y = kernel.tiles(tiles, 4, out, x)    # x [M, in] float32 torch -> [M, out] float32
     y = kernel.int8(q, scale, x)          # int8 rows (torch_weights.int8_rows)
     y = kernel.bf16(w, x)                 # bfloat16 rows: bfloat16 activations, float32 sums
@@ -33,10 +33,13 @@ torch = require_torch()
 
 QK = 32  # a block of activations, and a 4-bit group
 TILE = 16  # rows of a 4-bit tile
-RECORDS = {4: 320, 5: 384}  # bytes per tile and block of 32 columns: 256 of nibbles, [64 of fifth bits,] d, m
-# a block's bytes before its 16 of nibbles (d, [m,] [the 32 fifth bits]), its bits, and m as a multiple
-# of d (None: the file's own m)
-TILE_TYPES = {Q.Q4_0: (2, 4, -8), Q.Q4_1: (4, 4, None), Q.Q5_0: (6, 5, -16), Q.Q5_1: (8, 5, None)}
+# bytes per tile and block of 32 columns: 256 of nibbles [and 64 of fifth bits], 32 of d, 32 of m; or 512 of
+# bytes and 32 of d
+RECORDS = {4: 320, 5: 384, 8: 544}
+# a block's bytes before its weights (d, [m,] [the 32 fifth bits]), its bits, and m as a multiple of d
+# (None: the file's own m)
+TILE_TYPES = {Q.Q4_0: (2, 4, -8), Q.Q4_1: (4, 4, None), Q.Q5_0: (6, 5, -16), Q.Q5_1: (8, 5, None), Q.Q8_0: (2, 8, None)}
+WEIGHT_BYTES = {4: 16, 5: 16, 8: 32}  # a block's bytes of weights after its head
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,18 @@ PACK_ROWS = 4096  # rows packed at a time: a 151,936-row embedding's temporaries
 
 
 def pack_tiles(raw: np.ndarray, qtype: Q) -> np.ndarray:
-    """A file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks raw [out, row bytes] (out a multiple of TILE) as tiles
-    uint8 [out / 16, in / 32, RECORDS[bits]] (csrc/products.c): per tile and block the 4-byte groups of
-    the 16 rows' nibbles, part by part; for 5-bit the fifth bits (byte i of a row: weight 4p + i's at
+    """A file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks raw [out, row bytes] (out a multiple of TILE) as
+    tiles uint8 [out / 16, in / 32, RECORDS[bits]] (csrc/products.c): per tile and block the 4-byte groups
+    of the 16 rows' nibbles, part by part; for 5-bit the fifth bits (byte i of a row: weight 4p + i's at
     bit 2p, 16 + 4p + i's at bit 2p + 1); then their float16 d and m (Q4_0: m = -8 d, Q5_0: m = -16 d,
-    exact in float16 unless it overflows, which is refused). PACK_ROWS rows at a time (each tile is
-    its own rows')."""
+    exact in float16 unless it overflows, which is refused). Q8_0: per tile every block's 4-byte groups
+    of bytes w + 128, then every block's d (m = -128 d is made by the kernel). PACK_ROWS rows at a time
+    (each tile is its own rows')."""
     head, bits, _ = TILE_TYPES[qtype]
     out = raw.shape[0]
     if out % TILE:
         raise ValueError(f"{out} rows are not whole tiles of {TILE}")
-    kb = raw.reshape(out, -1, head + 16).shape[1]
+    kb = raw.reshape(out, -1, head + WEIGHT_BYTES[bits]).shape[1]
     tiles = np.empty((out // TILE, kb, RECORDS[bits]), np.uint8)
     for r in range(0, out, PACK_ROWS):
         tiles[r // TILE:(r + PACK_ROWS) // TILE] = _pack(raw[r:r + PACK_ROWS], qtype)
@@ -136,17 +140,21 @@ def pack_tiles(raw: np.ndarray, qtype: Q) -> np.ndarray:
 def _pack(raw: np.ndarray, qtype: Q) -> np.ndarray:
     """pack_tiles of a few whole tiles' rows."""
     head, bits, zero = TILE_TYPES[qtype]
-    b = raw.reshape(raw.shape[0], -1, head + 16)  # [rows, blocks, bytes]
+    b = raw.reshape(raw.shape[0], -1, head + WEIGHT_BYTES[bits])  # [rows, blocks, bytes]
     t, kb = b.shape[0] // TILE, b.shape[1]
     d = b[..., 0:2]
+    per_row = lambda a: np.ascontiguousarray(a).reshape(t, TILE, kb, -1).transpose(0, 2, 1, 3).reshape(t, kb, -1)  # noqa: E731
+    if bits == 8:  # int8 weights as unsigned bytes (vpdpbusd takes them so; m = -128 d takes the 128 off), then the d
+        q = (b[..., head:] ^ 0x80).reshape(t, TILE, kb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(t, kb * 512)
+        return np.concatenate([q, per_row(d).reshape(t, kb * 32)], axis=-1).reshape(t, kb, RECORDS[8])
     if zero is None:  # the file's own m
         m = b[..., 2:4]
     else:
-        m = np.float16(zero) * d.copy().view(np.float16)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below
+            m = np.float16(zero) * d.copy().view(np.float16)
         if not np.isfinite(m).all():
             raise ValueError(f"{qtype.name} scales too large for float16 minimums")
         m = m.view(np.uint8)
-    per_row = lambda a: np.ascontiguousarray(a).reshape(t, TILE, kb, -1).transpose(0, 2, 1, 3).reshape(t, kb, -1)  # noqa: E731
     parts = [b[..., head:].reshape(t, TILE, kb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(t, kb, 256)]
     if bits == 5:
         qh = b[..., head - 4:head].copy().view("<u4")[..., 0]  # [rows, blocks]: bit j = weight j's fifth bit

@@ -80,7 +80,7 @@ def int8_rows_of(raw: np.ndarray, decode) -> tuple:
 
 INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
 # groups of 32 the compiled products' tiles take as they are, and their bits (backends/products.py)
-TILE_BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5}
+TILE_BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8}
 INT4_GROUP = 32  # weights per scale (and zero) in all of them
 TILE = 16  # rows of a tile (backends/products.py; not imported: it builds a library)
 _PACK_ROWS: list[int] = []  # int4_pack_rows, measured once per process
@@ -104,11 +104,12 @@ def int4_pack_rows() -> int:
 
 @dataclass(frozen=True, eq=False)
 class Groups:
-    """A matrix the file holds as 4- or 5-bit groups, weight = d q + m per group of 32 along a row, q
-    in 0..15 or 0..31 (Q4_0: m = -8 d, Q5_0: m = -16 d), held one of two ways:
-    - tiles, where the compiled products build (backends/products.py; Q4_0, Q4_1, Q5_0, Q5_1): the
-      file's bits, d and m regrouped 16 rows at a time, the same values; every product quantizes its
-      rows to int8. A decode step reads 0.625 (4-bit) or 0.75 (5-bit) bytes per weight.
+    """A matrix the file holds as 4-, 5- or 8-bit groups, weight = d q + m per group of 32 along a row, q
+    in 0..15, 0..31 or 0..255 (Q4_0: m = -8 d, Q5_0: m = -16 d; Q8_0's int8 w as q = w + 128, m = -128 d),
+    held one of two ways:
+    - tiles, where the compiled products build (backends/products.py; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
+      the file's bits, d and m regrouped 16 rows at a time, the same values; every product quantizes its
+      rows to int8. A decode step reads 0.625 (4-bit), 0.75 (5-bit) or 1.0625 (8-bit, as the file) bytes per weight.
     - else torch's int4-weight kernel's layout (Q4_0, Q4_1; aten._weight_int4pack_mm_for_cpu): weight
       = (q - 8) * scale + zero, scale d and zero m + 8d rounded to bfloat16, the kernel's type (2^-9
       of a step at most); bfloat16 rows, one call for any number of rows and a row's bits the same for
@@ -118,7 +119,7 @@ class Groups:
     scales_zeros: "torch.Tensor | None"  # [in / 32, out, 2] bfloat16
     raw: np.ndarray | None  # the file's blocks [out, row_bytes] (a view of its map): rows decode from it
     qtype: Q
-    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, 320 or 384] (products.pack_tiles), instead of packed
+    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, RECORDS[bits]] (products.pack_tiles), not packed
 
     @property
     def bits(self) -> int:
@@ -267,6 +268,12 @@ def kind_of(data) -> str:
     return "groups" if isinstance(data, Groups) else "int8" if isinstance(data, tuple) else "bf16"
 
 
+def layout_of(data) -> str:
+    """kind_of, a Groups' bits added: what `stack` takes together (a Q4_K_M layer's q / k may be 5-bit
+    tiles and its v 8-bit ones)."""
+    return f"groups{data.bits}" if isinstance(data, Groups) else kind_of(data)
+
+
 def rows_exact_for_any_m(kind: str) -> bool:
     """Whether a kind's torch product (kind_of) gives a row the same bits for every number of rows
     M >= 2 on this machine (measured once per process on random matrices of a few shapes, both the
@@ -327,9 +334,9 @@ def stack(datas: list):
     """The rows of several matrices of one kind (kind_of), in order, as one: bf16 tensors, int8
     (q, scale) pairs, or Groups of whole int4_pack_rows() blocks (the pack of a stack is the stack of
     the packs)."""
+    if len({layout_of(d) for d in datas}) != 1:
+        raise ValueError(f"cannot stack matrices of kinds {sorted({layout_of(d) for d in datas})}")
     kinds = {kind_of(d) for d in datas}
-    if len(kinds) != 1:
-        raise ValueError(f"cannot stack matrices of kinds {sorted(kinds)}")
     if kinds == {"groups"} and datas[0].tiles is not None:  # whole tiles: the stack's tiles are its parts'
         return Groups(None, None, None, datas[0].qtype, torch.cat([d.tiles for d in datas]))
     if kinds == {"groups"}:

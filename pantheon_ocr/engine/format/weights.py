@@ -71,7 +71,7 @@ class Weight:
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
         elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here,
-            # or the file's 4- / 5-bit groups as they are (torch_weights.Groups)
+            # or the file's 4-, 5- or 8-bit groups as they are (torch_weights.Groups)
             from .torch_weights import groups_fit, groups_of, int8_rows_of
 
             self.copied = True
@@ -220,14 +220,14 @@ def stack_rows(name: str, parts: Sequence[Weight]) -> Weight:
 def can_stack(parts: Sequence[Weight]) -> bool:
     """Whether `stack_rows` takes these: copies (not views of the file's map: a stack of those would
     copy them, more memory, not less) of one torch storage, input width and kind (int8 storage
-    holds int8 rows and 4-bit groups: a layer of a Q4_K_M file mixes them)."""
+    holds int8 rows and 4-, 5- and 8-bit groups: a layer of a Q4_K_M file mixes them)."""
     first = parts[0]
     if first.storage not in TORCH_STORAGES or any(
             p.storage != first.storage or p.shape[1] != first.shape[1] or not p.copied for p in parts):
         return False
-    from .torch_weights import kind_of
+    from .torch_weights import layout_of
 
-    return len({kind_of(p._data) for p in parts}) == 1
+    return len({layout_of(p._data) for p in parts}) == 1
 
 
 def _by_row_blocks(matmul, x: np.ndarray) -> np.ndarray:

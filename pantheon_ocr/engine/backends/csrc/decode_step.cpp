@@ -4,7 +4,7 @@
  * Why: a SmolLM2-135M step at one sequence is 30 layers of ~70 small torch operations, each a few
  * microseconds of Python and dispatch: 17.5 ms a step, of which the products are ~7 ms (Xeon, 2
  * threads). Here the products are torch_weights.linear's exact-rows paths (the same kernels, so the
- * same bits per row): int8 rows and 4- / 5-bit tiles through csrc/products.c (handed over by address,
+ * same bits per row): int8 rows and 4-, 5- and 8-bit tiles through csrc/products.c (handed over by address,
  * each input's rows quantized once for the matrices that share them) where it builds, else the same
  * ATen calls; everything between them is a plain loop over a few thousand floats: norms, biases,
  * RoPE, the KV pool's store, SwiGLU and the residual sums.
@@ -29,7 +29,9 @@
 
 namespace {
 
-enum Kind { BF16 = 0, INT8 = 1, INT4 = 2, TILES4 = 3, TILES5 = 4 }; /* torch_weights.kind_of; 4- / 5-bit tiles */
+enum Kind { BF16 = 0, INT8 = 1, INT4 = 2, TILES4 = 3, TILES5 = 4, TILES8 = 5 }; /* torch_weights.kind_of; tiles */
+bool is_tiles(int kind) { return kind == TILES4 || kind == TILES5 || kind == TILES8; }
+int tile_bits(int kind) { return kind == TILES8 ? 8 : kind == TILES5 ? 5 : 4; }
 enum Mode { ONE_CALL = 0, PAD_LONE = 1, BLOCKS = 2 }; /* torch_weights.linear's exact-rows paths */
 enum Role { QKV = 0, OUTPUT = 1, GATE_UP = 2, DOWN = 3 };
 enum Pool { POOL_BF16 = 0, POOL_INT8 = 1 };          /* decode_attention.c's kinds */
@@ -138,9 +140,9 @@ void linear(const Matrix &a, Rows &x, float *y, int64_t ldy, const Products &p, 
             throw std::runtime_error("the compiled products refused a matrix");
         return;
     }
-    if (a.kind == TILES4 || a.kind == TILES5 || (a.kind == INT8 && p.int8)) {
+    if (is_tiles(a.kind) || (a.kind == INT8 && p.int8)) {
         int rc = a.kind != INT8
-                     ? p.tiles(static_cast<const uint8_t *>(a.w.data_ptr()), a.kind == TILES5 ? 5 : 4, a.out, a.in,
+                     ? p.tiles(static_cast<const uint8_t *>(a.w.data_ptr()), tile_bits(a.kind), a.out, a.in,
                                acts_of(x, p), m, y, ldy, threads)
                      : p.int8(static_cast<const int8_t *>(a.w.data_ptr()), static_cast<const uint16_t *>(a.s.data_ptr()),
                               a.out, a.in, acts_of(x, p), m, y, ldy, threads);
@@ -341,7 +343,7 @@ int step_matrix(void *sp, int64_t layer, int role, int kind, int mode, int64_t o
     try {
         Step &st = *static_cast<Step *>(sp);
         Layer &L = st.layers.at(layer);
-        if ((kind == TILES4 || kind == TILES5) && !st.products.tiles)
+        if (is_tiles(kind) && !st.products.tiles)
             throw std::runtime_error("tiles need the compiled products");
         Matrix a;
         a.kind = kind, a.mode = mode, a.out = out, a.in = in;

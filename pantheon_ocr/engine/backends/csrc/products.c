@@ -1,4 +1,4 @@
-/* Products of int8 rows, 4- and 5-bit tiles and bfloat16 rows with activation rows, for x86-64 CPUs with
+/* Products of int8 rows, 4-, 5- and 8-bit tiles and bfloat16 rows with activation rows, for x86-64 CPUs with
  * AVX2, FMA and F16C; with AVX-512 VNNI where the build has it (products.py builds and loads it).
  *
  * Why: a decode step streams every weight once for a handful of rows, so it runs at memory speed
@@ -21,13 +21,17 @@
  *   widened to float32 and multiplied-added. oneDNN's bfloat16 GEMM gave a row other bits among 7 or
  *   more rows than alone on an AVX-512 BF16 EPYC (one bfloat16 step in 14 rows' logits), so exact
  *   rows cannot rest on it.
- * - 4- and 5-bit tiles (pack_tiles): the file's Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks regrouped 16 rows at
- *   a time so that one 32-bit lane holds one row: per (16 rows, 32 columns) a record of 320 bytes
- *   (4-bit; 384 for 5-bit), four 64-byte parts (part p: for each of the 16 rows the 4 bytes 4p..4p+3
- *   of its block, whose low nibbles are the weights 4p..4p+3 and high nibbles 16+4p..19+4p), for
- *   5-bit 64 bytes of their fifth bits (tile_rows says where), then the 16 rows' float16 scales d and
- *   minimums m (Q4_0: m = -8 d, Q5_0: m = -16 d). Weight = d q + m. A lane's row needs no
- *   horizontal sum, and the AVX2 and VNNI paths make the same operations per lane: the same bits.
+ * - 4-, 5- and 8-bit tiles (pack_tiles): the file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks regrouped
+ *   16 rows at a time so that one 32-bit lane holds one row: per (16 rows, 32 columns) a record
+ *   (RECORD) of 64-byte parts, part p holding for each of the 16 rows the 4 bytes 4p..4p+3 of its
+ *   block: 4-bit, four parts whose low nibbles are the weights 4p..4p+3 and high nibbles 16+4p..19+4p;
+ *   5-bit, those and 64 bytes of their fifth bits (tile_rows says where); 8-bit, eight parts of the
+ *   weights 4p..4p+3 as unsigned bytes q = w + 128. Then the 16 rows' float16 scales d and minimums m
+ *   (Q4_0: m = -8 d, Q5_0: m = -16 d). Weight = d q + m. An 8-bit tile keeps its blocks' 512 bytes of
+ *   weights one after another, then their 16 float16 d each (m = -128 d, exact, made as it is used):
+ *   1.0625 bytes a weight as in the file, and each block's weights on whole cache lines. A lane's row needs no
+ *   horizontal sum, and the AVX2 and VNNI paths sum the same integers and make the same float
+ *   operations per lane: the same bits.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -40,7 +44,11 @@
 
 #define QK 32         /* activation block, and a 4-bit group */
 #define TILE 16       /* rows of a 4-bit tile */
-#define RECORD(five) ((five) ? 384 : 320) /* a tile's block: 256 bytes of nibbles, [64 of fifth bits,] 32 of d, 32 of m */
+/* a tile's bytes per block: 256 of nibbles [and 64 of fifth bits], 32 of d, 32 of m; or 512 of bytes and 32 of d */
+#define RECORD(bits) ((bits) == 8 ? 544 : (bits) == 5 ? 384 : 320)
+#define WEIGHTS(bits) ((bits) == 8 ? 512 : RECORD(bits)) /* a block's weights step */
+/* a block's d: after its weights (4-, 5-bit: m follows), or after all the tile's weights (8-bit) */
+#define SCALES(tile, bits, b, kb) ((bits) == 8 ? (tile) + 512 * (kb) + 32 * (b) : (tile) + RECORD(bits) * (b) + RECORD(bits) - 64)
 #define ROWS 8        /* activation rows per register block */
 #define MAX_THREADS 64
 /* How far ahead the weights are asked for: the hardware prefetcher stops at each 4 KiB page. Measured
@@ -228,37 +236,44 @@ INLINE void int8_rows_block(const int8_t *w, const uint16_t *scale, int64_t n, i
 #define FIFTH256(h, k) _mm256_and_si256((k) <= 4 ? _mm256_slli_epi16(h, 4 - (k)) : _mm256_srli_epi16(h, (k) - 4), \
                                         _mm256_set1_epi8(0x10))
 
-/* One tile (16 rows) of 4-bit or 5-bit weights (five) against activation rows m0..m0+r; writes the
- * tile's `live` columns. The operations per lane: for each block, acc = fma(float(isum), d * xd, acc),
- * then acc = fma(m, xs, acc). A 5-bit record's 64 bytes of fifth bits hold, in byte i of a row's lane,
- * the fifth bit of weight 4p + i at bit 2p and of weight 16 + 4p + i at bit 2p + 1. */
+/* One tile (16 rows) of 4-, 5- or 8-bit weights (bits, a constant at each call) against activation rows
+ * m0..m0+r; writes the tile's `live` columns. The operations per lane: for each block, the integer
+ * isum = sum of q x, acc = fma(float(isum), d * xd, acc), then acc = fma(m, xs, acc). A 5-bit record's
+ * 64 bytes of fifth bits hold, in byte i of a row's lane, the fifth bit of weight 4p + i at bit 2p and
+ * of weight 16 + 4p + i at bit 2p + 1. */
 #if VNNI
 INLINE void tile_rows(const uint8_t *tile, const acts_t *a, int64_t m0, int r, float *y, int64_t ldy, int64_t n0,
-                    int live, int five) {
+                    int live, int bits) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[ROWS];
     _Pragma("GCC unroll 8")
     for (int j = 0; j < ROWS; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < a->kb; b++) {
-        const uint8_t *rec = tile + b * RECORD(five);
-        for (int l = 0; l < RECORD(five); l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
-        __m512i lo[4], hi[4];
+        const uint8_t *rec = tile + b * WEIGHTS(bits);
+        for (int l = 0; l < WEIGHTS(bits); l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
+        __m512i lo[4], hi[4]; /* the parts paired with x[p] and x[4 + p] */
         _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
+            if (bits == 8) {
+                lo[p] = _mm512_loadu_si512((const void *)(rec + 64 * p));
+                hi[p] = _mm512_loadu_si512((const void *)(rec + 64 * (4 + p)));
+                continue;
+            }
             __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * p));
             lo[p] = _mm512_and_si512(v, low);
             hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
-        if (five) {
+        if (bits == 5) {
             __m512i h = _mm512_loadu_si512((const void *)(rec + 256));
             lo[0] = _mm512_or_si512(lo[0], FIFTH512(h, 0)), hi[0] = _mm512_or_si512(hi[0], FIFTH512(h, 1));
             lo[1] = _mm512_or_si512(lo[1], FIFTH512(h, 2)), hi[1] = _mm512_or_si512(hi[1], FIFTH512(h, 3));
             lo[2] = _mm512_or_si512(lo[2], FIFTH512(h, 4)), hi[2] = _mm512_or_si512(hi[2], FIFTH512(h, 5));
             lo[3] = _mm512_or_si512(lo[3], FIFTH512(h, 6)), hi[3] = _mm512_or_si512(hi[3], FIFTH512(h, 7));
         }
-        const uint8_t *scales = rec + (five ? 320 : 256);
+        const uint8_t *scales = SCALES(tile, bits, b, a->kb);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)scales));
-        __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32)));
+        __m512 mn = bits == 8 ? _mm512_mul_ps(d, _mm512_set1_ps(-128.0f))
+                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 32)));
         _Pragma("GCC unroll 8")
         for (int j = 0; j < r; j++) {
             const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
@@ -280,7 +295,7 @@ INLINE void tile_rows(const uint8_t *tile, const acts_t *a, int64_t m0, int r, f
 }
 #else
 INLINE void tile_rows(const uint8_t *tile, const acts_t *a, int64_t m0, int r, float *y, int64_t ldy, int64_t n0,
-                    int live, int five) {
+                    int live, int bits) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 of the tile */
         if (8 * h >= live) break;
@@ -288,33 +303,46 @@ INLINE void tile_rows(const uint8_t *tile, const acts_t *a, int64_t m0, int r, f
         _Pragma("GCC unroll 8")
         for (int j = 0; j < ROWS; j++) acc[j] = _mm256_setzero_ps();
         for (int64_t b = 0; b < a->kb; b++) {
-            const uint8_t *rec = tile + b * RECORD(five);
-            for (int l = 0; l < RECORD(five); l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
-            __m256i lo[4], hi[4];
-            _Pragma("GCC unroll 4")
-            for (int p = 0; p < 4; p++) {
+            const uint8_t *rec = tile + b * WEIGHTS(bits);
+            for (int l = 0; l < WEIGHTS(bits); l += 64) _mm_prefetch((const char *)rec + AHEAD_BYTES + l, _MM_HINT_T0);
+            __m256i lo[8], hi[8]; /* 4-, 5-bit: the parts paired with x[p] (lo) and x[4 + p] (hi); 8-bit: part p's
+                                   * low and high nibbles, both paired with x[p] */
+            _Pragma("GCC unroll 8")
+            for (int p = 0; p < (bits == 8 ? 8 : 4); p++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * p + 32 * h));
                 lo[p] = _mm256_and_si256(v, low);
                 hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            if (five) { /* q <= 31: pairs of q x still fit 16 bits (2 * 31 * 127) */
+            if (bits == 5) { /* q <= 31: pairs of q x still fit 16 bits (2 * 31 * 127) */
                 __m256i f = _mm256_loadu_si256((const __m256i *)(rec + 256 + 32 * h));
                 lo[0] = _mm256_or_si256(lo[0], FIFTH256(f, 0)), hi[0] = _mm256_or_si256(hi[0], FIFTH256(f, 1));
                 lo[1] = _mm256_or_si256(lo[1], FIFTH256(f, 2)), hi[1] = _mm256_or_si256(hi[1], FIFTH256(f, 3));
                 lo[2] = _mm256_or_si256(lo[2], FIFTH256(f, 4)), hi[2] = _mm256_or_si256(hi[2], FIFTH256(f, 5));
                 lo[3] = _mm256_or_si256(lo[3], FIFTH256(f, 6)), hi[3] = _mm256_or_si256(hi[3], FIFTH256(f, 7));
             }
-            const uint8_t *scales = rec + (five ? 320 : 256);
+            const uint8_t *scales = SCALES(tile, bits, b, a->kb);
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * h)));
-            __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 + 16 * h)));
+            __m256 mn = bits == 8 ? _mm256_mul_ps(d, _mm256_set1_ps(-128.0f))
+                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 32 + 16 * h)));
             _Pragma("GCC unroll 8")
             for (int j = 0; j < r; j++) {
                 const int32_t *x = (const int32_t *)(a->q + (m0 + j) * a->k + b * QK);
                 __m256i s = _mm256_setzero_si256();
-                _Pragma("GCC unroll 4")
-                for (int p = 0; p < 4; p++) { /* q <= 15: pairs of q x fit 16 bits */
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(x[p])), ones));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(x[4 + p])), ones));
+                if (bits == 8) { /* q = 16 hi + lo: pairs of q x would pass 16 bits, pairs of a nibble times x do not */
+                    __m256i t = _mm256_setzero_si256();
+                    _Pragma("GCC unroll 8")
+                    for (int p = 0; p < 8; p++) {
+                        __m256i xp = _mm256_set1_epi32(x[p]);
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], xp), ones));
+                        t = _mm256_add_epi32(t, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], xp), ones));
+                    }
+                    s = _mm256_add_epi32(s, _mm256_slli_epi32(t, 4));
+                } else {
+                    _Pragma("GCC unroll 4")
+                    for (int p = 0; p < 4; p++) { /* q <= 31: pairs of q x fit 16 bits */
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(x[p])), ones));
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(x[4 + p])), ones));
+                    }
                 }
                 int64_t at = (m0 + j) * a->kb + b;
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(a->d[at])), acc[j]);
@@ -442,7 +470,7 @@ static int bf16_units(void) {
 /* ---- the work split: items (pairs of int8 rows, or tiles) in equal static shares ---- */
 
 typedef struct {
-    int kind; /* 0 int8 rows, 1 4-bit tiles, 2 bfloat16 rows, 3 5-bit tiles */
+    int kind; /* 0 int8 rows, 1 4-bit tiles, 2 bfloat16 rows, 3 5-bit tiles, 4 8-bit tiles */
     const void *w;
     const uint16_t *scale;
     const uint16_t *x; /* bfloat16 rows [m, k] */
@@ -472,10 +500,15 @@ static void run_items(const job_t *j, int64_t i0, int64_t i1) {
 #define INT8(R) int8_rows_block((const int8_t *)j->w, j->scale, n, two, &j->a, m0, R, j->y, j->ldy)
                 BY_ROWS(r, INT8)
             } else {
-#define Q4(R) tile_rows((const uint8_t *)j->w + i * j->a.kb * RECORD(0), &j->a, m0, R, j->y, j->ldy, n0, live, 0)
-#define Q5(R) tile_rows((const uint8_t *)j->w + i * j->a.kb * RECORD(1), &j->a, m0, R, j->y, j->ldy, n0, live, 1)
+#define TILES(R, BITS) tile_rows((const uint8_t *)j->w + i * j->a.kb * RECORD(BITS), &j->a, m0, R, j->y, j->ldy, n0, \
+                                  live, BITS)
+#define Q4(R) TILES(R, 4)
+#define Q5(R) TILES(R, 5)
+#define Q8(R) TILES(R, 8)
                 if (j->kind == 3) {
                     BY_ROWS(r, Q5)
+                } else if (j->kind == 4) {
+                    BY_ROWS(r, Q8)
                 } else {
                     BY_ROWS(r, Q4)
                 }
@@ -534,11 +567,11 @@ int product_int8(const int8_t *w, const uint16_t *scale, int64_t n, int64_t k, c
     return 0;
 }
 
-/* The same for tiles (pack_tiles) of 4- or 5-bit weights (bits) of n rows (the last tile padded). */
+/* The same for tiles (pack_tiles) of 4-, 5- or 8-bit weights (bits) of n rows (the last tile padded). */
 int product_tiles(const uint8_t *tiles, int bits, int64_t n, int64_t k, const void *acts, int64_t m, float *y,
                   int64_t ldy, int threads) {
-    if (k % QK || m < 1 || (bits != 4 && bits != 5)) return -1;
-    job_t j = {bits == 5 ? 3 : 1, tiles, 0, 0, 0, n, acts_of(acts, m, k), y, ldy};
+    if (k % QK || m < 1 || (bits != 4 && bits != 5 && bits != 8)) return -1;
+    job_t j = {bits == 8 ? 4 : bits == 5 ? 3 : 1, tiles, 0, 0, 0, n, acts_of(acts, m, k), y, ldy};
     run_job(&j, (n + TILE - 1) / TILE, threads);
     return 0;
 }

@@ -237,11 +237,17 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
                   image_tokens: int | None = None, repeats: int = 1, page: str = "letter",
                   longest_edge: int = 1540, patch: int = 14, merge: int = 2, seed: int = 0,
                   q_block: int | None = None) -> dict:
-    """Prefill of one page's prompt (image rows as embedding overrides): seconds per page.
-    q_block: query rows per flash tile (None: the engine's default, attention.Q_BLOCK)."""
+    """Prefill of one page's prompt (image rows as embedding overrides) as transcribe prefills it: in
+    chunks of the options table's prefill_chunk tokens into the KV cache transcribe takes with these
+    weights (cache.kv_kind's auto): seconds per page. q_block: query rows per flash tile (None: the
+    engine's default, attention.Q_BLOCK)."""
     from ..engine import attention
+    from ..engine.cache import kv_kind
     from ..engine.loader import load_model
     from ..engine.models.lightonocr import IMAGE_TOKEN, PROMPT_PIECES
+    from ..options import EngineOptions, spec
+
+    chunk = spec(EngineOptions, "prefill_chunk").default
 
     t0 = time.perf_counter()
     layer_times: list[float] = []
@@ -263,19 +269,24 @@ def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: 
     n_full = cfg.n_layer
     truncated = len(dec.layers) < n_full
     runs, estimates = [], []
+    pool = dec.new_pool(kv_kind("auto", storage))
     for _ in range(repeats):
-        state = dec.new_state(max_seq=len(ids) + 1)
+        state = dec.new_state(max_seq=len(ids) + 1, pool=pool)
         t = time.perf_counter()
-        logits = dec.forward(state, ids, embd_rows=(idx, rows))
+        for s in range(0, len(ids), chunk):  # the image rows that fall in this chunk, at their places in it
+            here = (idx >= s) & (idx < s + chunk)
+            logits = dec.forward(state, ids[s:s + chunk], embd_rows=(idx[here] - s, rows[here]))
         total = time.perf_counter() - t
         runs.append(total)
-        estimates.append(_estimate(total, layer_times, len(dec.layers), n_full))
+        per = layer_times[-len(dec.layers) * -(-len(ids) // chunk):]  # this run's layers, every chunk
+        estimates.append(total - sum(per) + sum(per) * n_full / len(dec.layers))  # all layers: the run itself
         if not np.all(np.isfinite(logits)):
             raise RuntimeError("prefill produced non-finite logits")
         state.release()
     sec = float(np.median(estimates))
     return {
         "stage": "prefill", "storage": storage, "attention": "flash" if flash else "naive", "model": str(model),
+        "kv_dtype": pool.kind, "prefill_chunk": chunk,
         "q_block": (q_block or attention.Q_BLOCK) if flash else None,
         "prompt_tokens": len(ids), "image_tokens": image_tokens, "layers_run": len(dec.layers),
         "layers_full": n_full, "estimated": truncated, "repeats": repeats,

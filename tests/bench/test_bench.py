@@ -102,6 +102,7 @@ def test_stage_benches_tiny_model():
     assert v["image_tokens"] > 0 and v["patches"] >= 4 * v["image_tokens"]
     p = bench_prefill(TEXT, "quantized", flash=False, longest_edge=224)
     assert p["attention"] == "naive" and not p["estimated"] and p["prompt_tokens"] == p["image_tokens"] + 12
+    assert p["kv_dtype"] == "float32" and p["prefill_chunk"] == 512  # transcribe's KV and chunks for these weights
     d = bench_decode(TEXT, "f32", batch_sizes=(1, 3), context=8, steps=2)
     assert [r["batch"] for r in d["rows"]] == [1, 3] and d["rows"][0]["speedup_vs_first"] == 1.0
     q = bench_decode(TEXT, "f32", batch_sizes=(2,), context=8, steps=1, kv_dtype="int8")
@@ -265,3 +266,15 @@ def test_bench_decode_defaults_to_the_weights_transcribe_takes(tmp_path, monkeyp
     assert main(["bench", "decode", "--model", TEXT, "--weights", "auto,f32,auto", "--batch-size", "1", "--context", "4",
                  "--steps", "1", "--in-process", "--json", str(out)]) == 0
     assert [r["storage"] for r in json.loads(out.read_text())] == ["bf16", "f32"]
+
+
+def test_prefill_bench_prefills_as_transcribe_does():
+    """bench ocr --stage prefill measures what a page's prefill is in a run: the prompt in the options
+    table's chunks into the KV cache transcribe takes (int8 weights: int8 KV where the compiled attention
+    builds), a layer-truncated run scaled by its layers' share."""
+    pytest.importorskip("torch")
+    from pantheon_ocr.engine.cache import kv_kind
+
+    p = bench_prefill(TEXT, "int8", layers=1, longest_edge=896)
+    assert p["prompt_tokens"] > 512 and p["kv_dtype"] == kv_kind("auto", "int8") and p["estimated"]
+    assert p["seconds_page"] > p["seconds_run"] > 0

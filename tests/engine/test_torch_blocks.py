@@ -142,21 +142,24 @@ def test_auto_kv_is_int8_with_the_compiled_attention_else_bfloat16_with_torch_we
 @pytest.mark.parametrize("prefix,t", [(0, 1), (0, 300), (5, 31), (255, 257), (600, 7)])
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("units", [True, False])
-def test_causal_block_attention_is_naive_attention_in_bfloat16(prefix, t, group, units, monkeypatch):
-    """A prompt chunk after its cached prefix, over a bfloat16 pool, in query blocks (several, the
-    last one partial): the reference on the same bfloat16 keys, up to the scores' bfloat16 rounding
-    where the CPU has bfloat16 units, to float32 summation order where it has none (float32 products)."""
+@pytest.mark.parametrize("kind", ["bfloat16", "int8"])
+def test_causal_block_attention_is_naive_attention_in_bfloat16(prefix, t, group, units, kind, monkeypatch):
+    """A prompt chunk after its cached prefix, over a bfloat16 or int8 pool, in query blocks (several,
+    the last one partial): the reference on the same stored keys, up to the scores' bfloat16 rounding
+    (and int8 keys' widening to bfloat16) where the CPU has bfloat16 units, to float32 summation order
+    where it has none (float32 products)."""
     monkeypatch.setattr(torch_blocks, "QUERY_BLOCK", 64)
     monkeypatch.setattr(torch_blocks, "cpu_has_bf16", lambda: units)
     rng = np.random.default_rng(prefix + 7 * t + group)
     hkv, d = 2, 32
-    pool = KVPool(1, hkv, d, "bfloat16")
+    pool = KVPool(1, hkv, d, kind)
     cache = KVCache(1, hkv, d, prefix + t + 5, False, pool=pool)
     k, v = (rng.standard_normal((hkv, prefix + t, d)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((t, hkv * group, d)).astype(np.float32) * 2
     cache.write(0, 0, k, v)
+    assert torch_blocks.blocks_take(pool) == (kind == "bfloat16" or units)
     got = torch_blocks.causal_block_attention(pool, 0, cache.held_slot(), prefix, torch.from_numpy(q), scale=d ** -0.5)
-    kk, vv, _ = cache.read(0, prefix + t)  # the stored (bfloat16) keys, widened
+    kk, vv, _ = cache.read(0, prefix + t)  # the stored keys, widened
     ref = naive_attention(q.transpose(1, 0, 2), kk, vv, np.arange(prefix, prefix + t), np.arange(prefix + t),
                           scale=d ** -0.5, causal=True).transpose(1, 0, 2)
     assert got.shape == (t, hkv * group, d)
@@ -196,9 +199,10 @@ def test_fused_causal_attention_is_naive_attention_over_every_pool(prefix, t, gr
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8"])
 def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, tiles, monkeypatch):
     """Prompts in torch, prefilled in chunks over a growing cache, several sequences in one forward:
-    the numpy loop's logits to within bfloat16's rounding of the scores (bfloat16 keys; every kind
-    where the CPU has AMX tiles: keys, values and queries in bfloat16) or to summation order (the
-    other kinds without tiles, which attend through the cache's own chunk kernel)."""
+    the numpy loop's logits to within bfloat16's rounding of the scores (bfloat16 keys; int8 keys
+    widened to bfloat16 where the CPU has bfloat16 units; every kind where the CPU has AMX tiles: keys,
+    values and queries in bfloat16) or to summation order (the other kinds without tiles, which attend
+    through the cache's own chunk kernel)."""
     monkeypatch.setattr(torch_blocks, "QUERY_BLOCK", 8)  # many blocks in short chunks
     torch_model, numpy_model = load_model(LIGHTONOCR_TEXT, weights="bf16"), load_model(LIGHTONOCR_TEXT, weights="bf16")
     numpy_model.decoder.torch_blocks = None
@@ -222,8 +226,8 @@ def test_torch_prefill_is_the_numpy_loop_up_to_rounding(kind, tiles, monkeypatch
         rows[name] = np.concatenate(out)
     assert runs and not any(runs)  # the torch model's prompts ran in torch
     assert bool(fused) == tiles
-    if tiles:
-        kind = "bfloat16"  # every pool's keys attend in bfloat16
+    if tiles or torch_blocks.blocks_take(KVPool(1, 1, 32, kind)):
+        kind = "bfloat16"  # the keys attend in bfloat16 (int8 measured 1.1e-2 there)
     # measured: bfloat16 0.9e-2; float32 and int8 equal where the CPU has bfloat16 units (the tiny
     # model's norms round alike); without them prompts multiply float32 rows (torch_weights.linear):
     # float32 6e-7 (summation order), int8 4.6e-4 in one row (a key one rounding step apart), 4e-7 median

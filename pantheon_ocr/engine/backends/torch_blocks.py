@@ -16,9 +16,9 @@ positions of its pool slot (no padding, no neighbour), so a row's bits depend on
 
 Prompts (chunks of T rows per sequence) take plain bf16 GEMMs. Their causal attention, where the CPU
 has AMX tiles: torch's fused kernel in bfloat16 over the slot's keys widened to bfloat16, whatever the
-pool (`fused_causal_attention`); elsewhere, over a bfloat16 pool, by blocks of queries as bfloat16
-products (`causal_block_attention`), over other pools the numpy cache's own chunk attention
-(KVCache.attend_chunk, torch's fused kernel in float32).
+pool (`fused_causal_attention`); elsewhere, over a bfloat16 pool, or an int8 one where the CPU has
+bfloat16 units, by blocks of queries as bfloat16 products (`causal_block_attention`), over other pools
+the numpy cache's own chunk attention (KVCache.attend_chunk, torch's fused kernel in float32).
 
 K/V stay in the engine's numpy pool (cache.KVPool, written through `KVCache.write` as on the numpy
 path). A decode step over a bfloat16 or int8 pool (auto's: int8 where the kernel builds) runs its
@@ -205,7 +205,7 @@ class TorchBlocks:
         out = torch.empty(q.shape)  # [N, Hq, D]
         for s, r0, r1 in zip(rows.states, rows.bounds[:-1], rows.bounds[1:]):  # each sequence's rows alone
             cache, r0, r1 = s.cache, int(r0), int(r1)
-            if self.tiles or cache.pool.kind == "bfloat16":
+            if self.tiles or blocks_take(cache.pool):
                 cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
                 attend = fused_causal_attention if self.tiles else causal_block_attention
                 out[r0:r1] = attend(cache.pool, i, cache.held_slot(), s.pos, q[r0:r1], scale=scale)
@@ -322,9 +322,18 @@ def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Ten
 QUERY_BLOCK = 256  # prompt rows per score block: [g * 256, L] bf16 scores, a few MB for a page's prompt
 
 
+def blocks_take(pool: KVPool) -> bool:
+    """Whether a prompt chunk's attention over this pool runs by query blocks (causal_block_attention)
+    where the CPU has no AMX tiles: a bfloat16 pool always; an int8 one where the CPU has bfloat16 units,
+    its keys widened to bfloat16 with their scales. A page's last 512-query chunk over 2,336 int8 keys
+    (LightOnOCR-1B layer shapes, AVX-512 BF16 EPYC, 2 threads): 38 ms + 3 ms of widening, against 69 ms
+    in torch's fused kernel in float32 (the numpy cache's path), which was half of a page's prefill."""
+    return pool.kind == "bfloat16" or (pool.kind == "int8" and cpu_has_bf16())
+
+
 def causal_block_attention(pool: KVPool, layer: int, slot: int, pos0: int, q: torch.Tensor, *,
                            scale: float) -> torch.Tensor:
-    """A prompt chunk's causal attention over a bfloat16 pool: its queries q [T, Hq, D] at positions
+    """A prompt chunk's causal attention over a bfloat16 or int8 pool: its queries q [T, Hq, D] at positions
     pos0 .. pos0+T-1, whose keys are already written, over the first pos0 + T positions of the slot
     -> [T, Hq, D] float32. Per KV head and block of QUERY_BLOCK queries: scores = q K^T as one
     bfloat16 product for the head's g query heads, the block's own upper triangle masked, softmax
@@ -332,14 +341,14 @@ def causal_block_attention(pool: KVPool, layer: int, slot: int, pos0: int, q: to
 
     Why: torch's fused causal kernel (torch_attention.py) runs in float32 here and was half of a
     page's prefill (4.4 of 8.3 s); as bfloat16 products a page's attention takes 1.7 s. The scores
-    are rounded to bfloat16 before the softmax, as in the vision tower's query_block_attention.
+    are rounded to bfloat16 before the softmax, as in the vision tower's query_block_attention (whose
+    compiled softmax saved 1 of a last chunk's 41 ms here: not used).
     On a CPU without bfloat16 units (emulated bfloat16 products) keys, values and products are float32."""
     t, hq, d = q.shape
     hkv = pool.n_kv
     g = hq // hkv
     dt = torch.bfloat16 if cpu_has_bf16() else torch.float32
-    k = torch.from_numpy(pool.k[layer][slot, :, :pos0 + t]).view(torch.bfloat16).to(dt)  # [Hkv, L, D]
-    v = torch.from_numpy(pool.v[layer][slot, :, :pos0 + t]).view(torch.bfloat16).to(dt)
+    k, v = slot_keys(pool, layer, slot, pos0 + t, dt)  # [Hkv, L, D]; int8 widened with its scales
     qg = (q * scale).to(dt).view(t, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, g, T, D]
     out = torch.empty(t, hkv, g, d)  # [T, Hkv, g, D]
     for s in range(0, t, QUERY_BLOCK):

@@ -169,3 +169,15 @@ def test_groups_of_other_bits_are_not_stacked():
     assert TW.kind_of(five) == TW.kind_of(eight) == "groups" and TW.layout_of(five) != TW.layout_of(eight)
     with pytest.raises(ValueError, match="kinds"):
         TW.stack([five, eight])
+
+
+def test_8bit_tiles_look_up_their_rows_without_the_files_pages():
+    """A Q8_0 embedding's lookups decode the resident tiles (the file's pages were released after
+    packing): the file's values to the bit, with no file blocks at hand."""
+    products_or_skip()
+    from dataclasses import replace
+
+    raw, dense = _blocks(Q.Q8_0, shape=(48, 96))
+    data = replace(TW.groups_of(raw, Q.Q8_0), raw=None)
+    ids = np.array([47, 0, 16, 15, 16, 31])
+    assert np.array_equal(TW.rows_f32(data, ids), dense[ids])

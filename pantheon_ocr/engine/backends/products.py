@@ -137,6 +137,20 @@ def pack_tiles(raw: np.ndarray, qtype: Q) -> np.ndarray:
     return tiles
 
 
+def rows_of_8bit_tiles(tiles: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows W[ids] float32 [len(ids), in] of 8-bit tiles (pack_tiles of a Q8_0 matrix): d times w, the
+    file's dequantized values to the bit. Why: a Q8_0 embedding's lookups (the tied head of LightOnOCR's
+    Q8_0 files) read the tiles already resident, not the file's pages released after packing; read
+    from the map, a run's random tokens faulted ~60 MB of them back (16 pages x 1,000 tokens)."""
+    n, (t, kb, _) = len(ids), tiles.shape
+    flat = tiles.reshape(t, kb * RECORDS[8])[ids // TILE]  # [n, tile bytes]: each row's tile
+    lane, at = ids % TILE, np.arange(n)
+    q = flat[:, :kb * 512].reshape(n, kb, 8, TILE, 4)[at, :, :, lane]  # [n, kb, 8, 4]: weights 4p + i
+    d = flat[:, kb * 512:].reshape(n, kb, TILE, 2)[at, :, lane].copy().view(np.float16)  # [n, kb, 1]
+    w = (q.reshape(n, kb, QK).astype(np.int16) - 128).astype(np.float32)
+    return (w * d.astype(np.float32)).reshape(n, kb * QK)
+
+
 def _pack(raw: np.ndarray, qtype: Q) -> np.ndarray:
     """pack_tiles of a few whole tiles' rows."""
     head, bits, zero = TILE_TYPES[qtype]

@@ -317,7 +317,12 @@ def _exact_rows(kind: str) -> tuple[bool, bool]:
 
 
 def rows_f32(data, ids: np.ndarray) -> np.ndarray:
-    """Rows W[ids] as float32 numpy [len(ids), in] (4-bit groups: decoded from the file's blocks)."""
+    """Rows W[ids] as float32 numpy [len(ids), in] (groups: decoded from the file's blocks; 8-bit tiles:
+    from the tiles, the same values, products.rows_of_8bit_tiles says why)."""
+    if isinstance(data, Groups) and data.tiles is not None and data.bits == 8:
+        from ..backends.products import rows_of_8bit_tiles
+
+        return rows_of_8bit_tiles(data.tiles.numpy(), np.asarray(ids))
     if isinstance(data, Groups):
         if data.raw is None:
             raise ValueError("a stack of 4-bit matrices has no rows of its own to look up")

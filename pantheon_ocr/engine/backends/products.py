@@ -37,7 +37,7 @@ TILE = 16  # rows of a 4-bit tile
 # bytes and 32 of d
 RECORDS = {4: 320, 5: 384, 8: 544}
 # a block's bytes before its weights (d, [m,] [the 32 fifth bits]), its bits, and m as a multiple of d
-# (None: the file's own m)
+# (None: the file's own m; Q8_0 has none, the kernel makes -128 d)
 TILE_TYPES = {Q.Q4_0: (2, 4, -8), Q.Q4_1: (4, 4, None), Q.Q5_0: (6, 5, -16), Q.Q5_1: (8, 5, None), Q.Q8_0: (2, 8, None)}
 WEIGHT_BYTES = {4: 16, 5: 16, 8: 32}  # a block's bytes of weights after its head
 

@@ -16,9 +16,12 @@ positions of its pool slot (no padding, no neighbour), so a row's bits depend on
 
 Prompts (chunks of T rows per sequence) take plain bf16 GEMMs. Their causal attention, where the CPU
 has AMX tiles: torch's fused kernel in bfloat16 over the slot's keys widened to bfloat16, whatever the
-pool (`fused_causal_attention`); elsewhere, over a bfloat16 pool, or an int8 one where the CPU has
-bfloat16 units, by blocks of queries as bfloat16 products (`causal_block_attention`), over other pools
-the numpy cache's own chunk attention (KVCache.attend_chunk, torch's fused kernel in float32).
+pool (`fused_causal_attention`); elsewhere, over a bfloat16 or int8 pool, the compiled kernel where the
+CPU has AVX-512 BF16 (bf16_attention.py: scores, softmax and weighted values per 32 query rows in the
+thread's cache, the pool's int8 keys and values as bfloat16 operands with their scales on the query,
+the scores and the weights); else over a bfloat16 pool, or an int8 one where the CPU has bfloat16
+units, by blocks of queries as bfloat16 products (`causal_block_attention`); over other pools the
+numpy cache's own chunk attention (KVCache.attend_chunk, torch's fused kernel in float32).
 
 K/V stay in the engine's numpy pool (cache.KVPool, written through `KVCache.write` as on the numpy
 path). A decode step over a bfloat16 or int8 pool (auto's: int8 where the kernel builds) runs its
@@ -98,8 +101,10 @@ class TorchBlocks:
         matrices = [getattr(layer, f) for layer in self.layers for f in _Layer.__dataclass_fields__]
         into_huge_pages([decoder.token_embd, decoder.output, *(m for m in matrices if isinstance(m, Weight))])
         self.tiles = cpu_has_amx()  # prompts attend with torch's fused kernel (fused_causal_attention)
-        self.steps = 0
         c = self.cfg
+        # else over a bfloat16 or int8 pool the compiled one where the CPU has AVX-512 BF16 (prompt_attend)
+        self.prompt_kernel = None if self.tiles else prompt_kernel(c.n_head, c.n_head_kv, c.head_dim)
+        self.steps = 0
         if not t.decode_kernel:
             self.kernel, self.why = None, "torch's products (the tower's options ask for them)"
         elif not DecodeAttention.takes(c.n_head, c.n_head_kv, c.head_dim):
@@ -205,15 +210,26 @@ class TorchBlocks:
         out = torch.empty(q.shape)  # [N, Hq, D]
         for s, r0, r1 in zip(rows.states, rows.bounds[:-1], rows.bounds[1:]):  # each sequence's rows alone
             cache, r0, r1 = s.cache, int(r0), int(r1)
-            if self.tiles or blocks_take(cache.pool):
+            attend = self.prompt_attend(cache.pool)
+            if attend is not None:
                 cache.write(i, s.pos, kn[:, r0:r1], vn[:, r0:r1])
-                attend = fused_causal_attention if self.tiles else causal_block_attention
                 out[r0:r1] = attend(cache.pool, i, cache.held_slot(), s.pos, q[r0:r1], scale=scale)
             else:  # other keys: the numpy cache's chunk attention (torch's fused kernel in float32)
                 a = cache.attend_chunk(i, s.pos, q[r0:r1].numpy().transpose(1, 0, 2), kn[:, r0:r1], vn[:, r0:r1],
                                        scale=scale, tower=self.tower)  # [Hq, T, D]
                 out[r0:r1] = torch.from_numpy(a.transpose(1, 0, 2))
         return out
+
+    def prompt_attend(self, pool: KVPool):
+        """Which causal attention a prompt chunk over this pool takes, (pool, layer, slot, pos0, q, scale=)
+        -> [T, Hq, D]: torch's fused kernel in bfloat16 where the CPU has AMX tiles; the compiled kernel
+        over a bfloat16 or int8 pool where it runs; torch's products by query blocks where they take the
+        pool; else None (the numpy cache's own)."""
+        if self.tiles:
+            return fused_causal_attention
+        if self.prompt_kernel is not None and pool.kind in self.prompt_kernel.KINDS:
+            return self.prompt_kernel
+        return causal_block_attention if blocks_take(pool) else None
 
     def decode_attention(self, i: int, rows: Rows, q: torch.Tensor, kn: np.ndarray, vn: np.ndarray,
                          scale: float) -> torch.Tensor:
@@ -317,6 +333,17 @@ def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Ten
         p = p * torch.from_numpy(pool.vs[layer][slot, :, :n])
     out = torch.matmul(p.transpose(1, 2).to(v.dtype), v)  # [Hkv, g, D]
     return out.float().reshape(hq, d)
+
+
+def prompt_kernel(n_head: int, n_kv: int, head_dim: int):
+    """The compiled prompt attention (bf16_attention.py) where it builds, the CPU has AVX-512 BF16 and it
+    takes these heads; else None. A page's last 512-query chunk over 2,336 int8 keys (LightOnOCR-1B
+    layer shapes, AVX-512 BF16 EPYC, 2 threads): 28 ms against 41 ms by query blocks in torch
+    (causal_block_attention), a third of the float32 error (docs/benchmarks.md)."""
+    from .bf16_attention import compiled_prompt_attention
+
+    kernel = compiled_prompt_attention()
+    return kernel if kernel is not None and kernel.takes(n_head, n_kv, head_dim) else None
 
 
 QUERY_BLOCK = 256  # prompt rows per score block: [g * 256, L] bf16 scores, a few MB for a page's prompt

@@ -71,7 +71,7 @@ def query_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     precision: the scores are rounded to bfloat16 before the softmax (SDPA keeps them in float32),
     about twice SDPA-bfloat16's error against float32 (docs/benchmarks.md). softmax: a function that
     overwrites a contiguous [rows, N] block of bfloat16 scores with their softmax (the compiled one,
-    backends/softmax.py), else torch's."""
+    backends/bf16_attention.py), else torch's."""
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
     for b in range(q.shape[0]):

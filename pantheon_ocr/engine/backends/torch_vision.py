@@ -14,7 +14,7 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
 - attention is torch's scaled_dot_product_attention (not causal), with an optional key mask for
   padded bucket grids (see buckets.py); in bfloat16 on a CPU without AMX tiles, query_block_attention
   (the same maths as plain bfloat16 products, 2.4x faster there; with tiles SDPA is 1.9x faster),
-  its softmax the compiled one where it builds (softmax.py).
+  its softmax the compiled one where it builds (bf16_attention.py).
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
@@ -226,7 +226,7 @@ class TorchVisionBackend:
         for name in vlm.mmproj.tensors:
             vlm.mmproj.release(name)
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
-            from .softmax import compiled_softmax
+            from .bf16_attention import compiled_softmax
 
             self.module.use_attention(functools.partial(query_block_attention, softmax=compiled_softmax()))
 

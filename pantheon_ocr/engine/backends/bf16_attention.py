@@ -1,0 +1,124 @@
+"""Attention kernels in bfloat16 for CPUs with AVX-512 BF16 (csrc/bf16_attention.c, which says why),
+built by native.py's outline into the user cache and called through ctypes: the vision tower's
+softmax over bfloat16 scores, in place (torch_pixtral.query_block_attention), and a prompt chunk's
+causal attention over a decoder's bfloat16 or int8 KV pool (torch_blocks.TorchBlocks.prompt_attention).
+Where the library does not build or the CPU has no AVX-512 BF16, each is None and torch's runs.
+
+    softmax = compiled_softmax()          # None, or a function of a 2-D bfloat16 tensor
+    p = softmax(scores)                   # scores [rows, cols] bfloat16, overwritten with their softmax
+    attend = compiled_prompt_attention()  # None, or a PromptAttention
+    out = attend(pool, layer, slot, pos0, q, scale=s)  # q [T, Hq, D] float32 at pos0.. -> [T, Hq, D]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from .common import require_torch, user_cache_dir
+from .native import BF16_SOURCE, load
+
+torch = require_torch()
+
+NO_BF16 = "the CPU has no AVX-512 BF16"
+
+
+def _check(rc: int, what: str, refused: str) -> None:
+    """A kernel's return code: 0 fine, -2 out of memory, else it refused its arguments."""
+    if rc == -2:
+        raise MemoryError(f"{what}: out of memory")
+    if rc != 0:
+        raise ValueError(refused)
+
+
+class CompiledSoftmax:
+    """The library's softmax: `softmax(scores)` over the last axis of a contiguous 2-D bfloat16 tensor."""
+
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
+        lib.softmax_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        lib.softmax_bf16.restype = lib.softmax_takes.restype = ctypes.c_int
+
+    def __call__(self, scores):
+        if scores.dtype != torch.bfloat16 or scores.dim() != 2 or not scores.is_contiguous():
+            raise ValueError(f"scores must be a contiguous 2-D bfloat16 tensor, got {scores.dtype} {tuple(scores.shape)}")
+        rc = self.lib.softmax_bf16(scores.data_ptr(), scores.shape[0], scores.shape[1], scores.shape[1],
+                                   torch.get_num_threads())
+        _check(rc, "softmax", f"softmax refused rows of {scores.shape[1]}")
+        return scores
+
+
+class PromptAttention:
+    """The library's prompt attention: a chunk of one sequence's queries over its pool slot, causal."""
+
+    KINDS = {"bfloat16": 0, "int8": 1}  # pool kind -> the kernel's code
+
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.prompt_attention.argtypes = [i32, p, p, p, p, p, i64, i64, i64, i64, p, p, i32, i32, i32, ctypes.c_float, i32]
+        lib.prompt_attention.restype = lib.prompt_attention_takes.restype = lib.softmax_takes.restype = i32
+        lib.prompt_attention_takes.argtypes = [i32, i32, i32]
+
+    def takes(self, n_head: int, n_kv: int, head_dim: int) -> bool:
+        """Whether the kernel covers a decoder of these shapes on this CPU."""
+        g = n_head // n_kv if n_kv else 0
+        return g * n_kv == n_head and bool(self.lib.prompt_attention_takes(n_kv, g, head_dim))
+
+    def __call__(self, pool, layer: int, slot: int, pos0: int, q, *, scale: float):
+        """q [T, Hq, D] float32 at positions pos0 .. pos0+T-1, whose keys are already stored, over the
+        first pos0 + T positions of `slot` in `layer` of `pool` (cache.KVPool, bfloat16 or int8)
+        -> [T, Hq, D] float32, each query seeing the keys up to its own position."""
+        if pool.kind not in self.KINDS:
+            raise ValueError(f"the prompt attention takes a bfloat16 or int8 pool, not {pool.kind}")
+        k, v = pool.k[layer], pool.v[layer]  # [slots, Hkv, cap, D]
+        n_slots, hkv, cap, d = k.shape
+        q = q.contiguous().float()
+        t, hq = q.shape[0], q.shape[1] if q.dim() == 3 else 0
+        if q.dim() != 3 or q.shape[2] != d or not self.takes(hq, hkv, d):
+            raise ValueError(f"queries {tuple(q.shape)} do not fit {hkv} KV heads of {d}")
+        if not 0 <= slot < n_slots or pos0 < 0 or pos0 + t > cap:
+            raise ValueError(f"positions {pos0}..{pos0 + t - 1} of slot {slot} are outside the pool's "
+                             f"{n_slots} slots x {cap} positions")
+        arrays = (k, v, *((pool.ks[layer], pool.vs[layer], pool.kc[layer]) if pool.quantized else ()))
+        if not all(a.flags.c_contiguous for a in arrays):
+            raise ValueError("the pool's layer must be C-contiguous")
+        ks, vs, kc = (a.ctypes.data for a in arrays[2:]) if pool.quantized else (None, None, None)
+        out = torch.empty(q.shape)
+        rc = self.lib.prompt_attention(self.KINDS[pool.kind], k.ctypes.data, v.ctypes.data, ks, vs, kc, cap, slot,
+                                       pos0, t, q.data_ptr(), out.data_ptr(), hkv, hq // hkv, d, scale,
+                                       torch.get_num_threads())
+        _check(rc, "prompt attention", f"the prompt attention refused {t} queries at {pos0} (code {rc})")
+        return out
+
+
+def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
+    kernel, why = load("bf16_attention", BF16_SOURCE, make, what, otherwise, cache_dir, cc)
+    if kernel is not None and not kernel.lib.softmax_takes():
+        return f"{otherwise} ({NO_BF16})"
+    return why if kernel is None else kernel
+
+
+def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
+    """The softmax built (or found built) under cache_dir, or why there is none."""
+    return _build(CompiledSoftmax, "softmax", "torch's softmax", cache_dir, cc)
+
+
+def build_prompt_attention(cache_dir, cc: str | None = None) -> PromptAttention | str:
+    """The prompt attention built (or found built) under cache_dir, or why there is none."""
+    return _build(PromptAttention, "prompt attention", "torch's products by query blocks", cache_dir, cc)
+
+
+@functools.cache
+def compiled_softmax() -> CompiledSoftmax | None:
+    """This process's softmax, built on first use in the user cache, or None (torch's then runs)."""
+    built = build(user_cache_dir() / "kernels")
+    return None if isinstance(built, str) else built
+
+
+@functools.cache
+def compiled_prompt_attention() -> PromptAttention | None:
+    """This process's prompt attention, built on first use in the user cache, or None (torch's products
+    by query blocks then run, torch_blocks.causal_block_attention)."""
+    built = build_prompt_attention(user_cache_dir() / "kernels")
+    return None if isinstance(built, str) else built

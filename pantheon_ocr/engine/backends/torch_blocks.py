@@ -339,7 +339,7 @@ def prompt_kernel(n_head: int, n_kv: int, head_dim: int):
     """The compiled prompt attention (bf16_attention.py) where it builds, the CPU has AVX-512 BF16 and it
     takes these heads; else None. A page's last 512-query chunk over 2,336 int8 keys (LightOnOCR-1B
     layer shapes, AVX-512 BF16 EPYC, 2 threads): 28 ms against 41 ms by query blocks in torch
-    (causal_block_attention), a third of the float32 error (docs/benchmarks.md)."""
+    (causal_block_attention), with a third of their error against float64 attention (docs/benchmarks.md)."""
     from .bf16_attention import compiled_prompt_attention
 
     kernel = compiled_prompt_attention()

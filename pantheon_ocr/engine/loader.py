@@ -112,7 +112,10 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
                                                if kv == "int8" else "torch's decode products read bfloat16 fastest")
                        + ")")
         if kv in ("bfloat16", "int8"):
+            from .backends.bf16_attention import prompt_attention_why
+
             why.append(f"decode attention: {built.why}")
+            why.append(f"prompt attention: {prompt_attention_why()}")
         from .backends.products import products
 
         why.append(f"products: {products().why}")

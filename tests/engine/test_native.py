@@ -262,10 +262,11 @@ def test_the_decoder_takes_the_kernel_where_it_builds(kind):
 
 
 def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypatch, tmp_path):
-    """auto with torch weights: the KV cache auto takes, the decode attention and the products, each
+    """auto with torch weights: the KV cache auto takes, the decode and prompt attention and the products, each
     one note (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no
     attention kernel, but its steps' products are still said."""
     from pantheon_ocr.engine import loader
+    from pantheon_ocr.engine.backends import bf16_attention
     from pantheon_ocr.engine.backends.products import products as products_of
     from pantheon_ocr.options import EngineOptions
 
@@ -275,7 +276,9 @@ def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypa
     _, why = loader.plan_auto(options)
     kv = "int8" if built.kernel else "bfloat16"
     products = products_of()
+    prompt = bf16_attention.prompt_attention_why()
     assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}",
+                                                  f"prompt attention: {prompt.split(' (')[0]}",
                                                   f"products: {products.why.split(' (')[0]}"]
     monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
     _, why = loader.plan_auto(options)

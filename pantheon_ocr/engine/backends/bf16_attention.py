@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from .common import require_torch, user_cache_dir
+from .common import cpu_has_amx, require_torch, user_cache_dir
 from .native import BF16_SOURCE, load
 
 torch = require_torch()
@@ -96,7 +96,10 @@ def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
     kernel, why = load("bf16_attention", BF16_SOURCE, make, what, otherwise, cache_dir, cc)
     if kernel is not None and not kernel.lib.softmax_takes():
         return f"{otherwise} ({NO_BF16})"
-    return why if kernel is None else kernel
+    if kernel is None:
+        return why
+    kernel.why = why  # "the compiled <ISA> <what> (path; threads)"
+    return kernel
 
 
 def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
@@ -117,8 +120,21 @@ def compiled_softmax() -> CompiledSoftmax | None:
 
 
 @functools.cache
+def _prompt_attention() -> PromptAttention | str:
+    return build_prompt_attention(user_cache_dir() / "kernels")
+
+
 def compiled_prompt_attention() -> PromptAttention | None:
     """This process's prompt attention, built on first use in the user cache, or None (torch's products
     by query blocks then run, torch_blocks.causal_block_attention)."""
-    built = build_prompt_attention(user_cache_dir() / "kernels")
+    built = _prompt_attention()
     return None if isinstance(built, str) else built
+
+
+def prompt_attention_why() -> str:
+    """One line: which attention a prompt chunk over a bfloat16 or int8 pool takes here, and why
+    (torch_blocks.TorchBlocks.prompt_attend's choice before the decoder's heads are known)."""
+    if cpu_has_amx():
+        return "torch's fused kernel in bfloat16 (the CPU has AMX tiles)"
+    built = _prompt_attention()
+    return built if isinstance(built, str) else f"{built.why}, where it takes the decoder's heads"

@@ -34,6 +34,8 @@ def _check(rc: int, what: str, refused: str) -> None:
 class CompiledSoftmax:
     """The library's softmax: `softmax(scores)` over the last axis of a contiguous 2-D bfloat16 tensor."""
 
+    why = ""  # load()'s line, set by _build: "the compiled <ISA> softmax (path; threads)"
+
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
         lib.softmax_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
@@ -52,6 +54,7 @@ class PromptAttention:
     """The library's prompt attention: a chunk of one sequence's queries over its pool slot, causal."""
 
     KINDS = {"bfloat16": 0, "int8": 1}  # pool kind -> the kernel's code
+    why = ""  # load()'s line, set by _build: "the compiled <ISA> prompt attention (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -74,9 +77,9 @@ class PromptAttention:
         k, v = pool.k[layer], pool.v[layer]  # [slots, Hkv, cap, D]
         n_slots, hkv, cap, d = k.shape
         q = q.contiguous().float()
-        t, hq = q.shape[0], q.shape[1] if q.dim() == 3 else 0
-        if q.dim() != 3 or q.shape[2] != d or not self.takes(hq, hkv, d):
+        if q.dim() != 3 or q.shape[2] != d or not self.takes(q.shape[1], hkv, d):
             raise ValueError(f"queries {tuple(q.shape)} do not fit {hkv} KV heads of {d}")
+        t, hq = q.shape[:2]
         if not 0 <= slot < n_slots or pos0 < 0 or pos0 + t > cap:
             raise ValueError(f"positions {pos0}..{pos0 + t - 1} of slot {slot} are outside the pool's "
                              f"{n_slots} slots x {cap} positions")
@@ -98,7 +101,7 @@ def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
         return f"{otherwise} ({NO_BF16})"
     if kernel is None:
         return why
-    kernel.why = why  # "the compiled <ISA> <what> (path; threads)"
+    kernel.why = why
     return kernel
 
 

@@ -117,8 +117,9 @@ int softmax_bf16(uint16_t *x, int64_t rows, int64_t cols, int64_t ld, int thread
  * A row's sums run in an order its own position fixes (keys it does not see add exact zeros), so its
  * bits depend neither on the threads nor on the chunk it came in (tests/engine/test_bf16_attention.py).
  * Measured (2 threads, AVX-512 BF16 EPYC): a page's last 512-query chunk over 2,336 int8 keys 28 ms
- * against 41; the page's prefill 8.1 s against 9.1 (docs/benchmarks.md); a third of the products by
- * query blocks' error against float32 attention (the scores are no longer rounded to bfloat16). */
+ * against 41; the page's prefill (`bench ocr --stage prefill`, Q8_0) 8.09 s against 9.65
+ * (docs/benchmarks.md); a third of the products by query blocks' error against float64 attention over
+ * the same stored keys (the scores are no longer rounded to bfloat16). */
 #define ITEM_ROWS 32  /* query rows per work item: two 16-lane vectors */
 #define KEYS_STEP 8   /* keys per pass of the score products */
 #define PAIR_BLOCK 32 /* key pairs per block of the weighted values: 16 KiB of 128-channel values */

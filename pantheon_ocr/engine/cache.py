@@ -31,6 +31,7 @@ from .ops import from_bf16_bits, to_bf16_bits
 FIRST_CAP = 256  # positions a new slot starts with; caps grow by doubling, in whole KV blocks
 # KV storage kinds -> the numpy dtype of the buffers (numpy has no bfloat16: its bits, as uint16)
 KV_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int8": np.int8}
+BF16_ONE = 0x3F80  # 1.0 as bfloat16 bits: an all-zero row's scale
 
 
 def _blocks(n: int) -> int:
@@ -72,11 +73,16 @@ def kv_kind(choice: str, weights: str) -> str:
 
 
 def _int8_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [..., D] float32 -> (its int8 values, still float32: rint(x / scale), and scale [..., 1] =
-    its largest magnitude / 127, 1 where x is all zeros): an int8 pool's store of a row."""
-    scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
-    scale[scale == 0] = 1
-    return np.rint(x / scale), scale
+    """x [..., D] float32 -> (its int8 values, still float32: rint(x / s), and s [..., 1] as bfloat16
+    bits): an int8 pool's store of a row. s is its largest magnitude / 127 rounded up to bfloat16
+    (1 where that is 0), and x is divided by that s: the pool holds the scale its integers were made
+    with, and |rint(x / s)| <= 127 by construction. Why bfloat16: as float32 the position scales
+    were 90 of the 4,097 MiB a B = 16 page run peaked at. Why up: rounded to nearest, Qwen2.5-0.5B's
+    greedy stream left float32's at its 22nd token, a near-tie (test_kv_int8.py)."""
+    u = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)).view(np.uint32)  # >= 0: its bits grow with it
+    bits = ((u >> np.uint32(16)) + (u & np.uint32(0xFFFF) != 0)).astype(np.uint16)  # the next bfloat16 up
+    bits[bits == 0] = BF16_ONE
+    return np.rint(x / from_bf16_bits(bits)), bits
 
 
 class KVPool:
@@ -86,8 +92,8 @@ class KVPool:
     4 KiB pages (`_zeros`), so a slot costs memory for the positions it holds. `kind` float16 or
     bfloat16 halves the memory (and the bytes each decode step reads; bfloat16 is stored as its
     bits, uint16); int8 about quarters it: each position's key (value) of each head stored as int8
-    times one float32 scale (its largest magnitude / 127) in ks[layer] / vs[layer]
-    [slots, Hkv, cap, 1]. Keys have outlier channels (Qwen's reach 12x their median), so a key
+    times one bfloat16 scale (its largest magnitude / 127, as bits, uint16: `_int8_of`) in
+    ks[layer] / vs[layer] [slots, Hkv, cap, 1]. Keys have outlier channels (Qwen's reach 12x their median), so a key
     is first divided by its sequence's channel scales kc[layer] [slots, Hkv, 1, D] (each
     channel's largest magnitude in the sequence's first write, its prompt), then quantized.
     Attention widens either to float32 a block at a time."""
@@ -99,7 +105,7 @@ class KVPool:
         self.quantized = kind == "int8"
         self.k = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
         self.v = [np.zeros((0, n_kv, 0, head_dim), self.dtype) for _ in range(n_layer)]
-        scales = (lambda d: [np.zeros((0, n_kv, 0, d), np.float32) for _ in range(n_layer)]) if self.quantized \
+        scales = (lambda d: [np.zeros((0, n_kv, 0, d), np.uint16) for _ in range(n_layer)]) if self.quantized \
             else (lambda d: [])
         self.ks, self.vs = scales(1), scales(1)  # int8 only: per position and head
         self.kc = [np.ones((0, n_kv, 1, head_dim), np.float32) for _ in range(n_layer)] if self.quantized else []
@@ -149,7 +155,8 @@ class KVPool:
         if self.kind == "bfloat16":
             return from_bf16_bits(k), from_bf16_bits(v)
         if self.quantized:
-            return k * self.ks[layer][slot][:, at] * self.kc[layer][slot], v * self.vs[layer][slot][:, at]
+            ks, vs = from_bf16_bits(self.ks[layer][slot][:, at]), from_bf16_bits(self.vs[layer][slot][:, at])
+            return k * ks * self.kc[layer][slot], v * vs
         return k, v
 
     def acquire(self) -> int:
@@ -328,8 +335,9 @@ def decode_attend(caches: Sequence[KVCache], layer: int, n_pos: Sequence[int], q
             rows, qs, lens = np.arange(len(members)), q[members], lengths
         out[members] = padded_decode_attention(qs, kv[0], kv[1], lens, scale=scale, block=DECODE_BLOCK,
                                                widen=from_bf16_bits if pool.kind == "bfloat16" else None,
-                                               k_scale=kv[2] if pool.quantized else None,
-                                               v_scale=kv[3] if pool.quantized else None, k_channels=channels)[rows]
+                                               k_scale=from_bf16_bits(kv[2]) if pool.quantized else None,
+                                               v_scale=from_bf16_bits(kv[3]) if pool.quantized else None,
+                                               k_channels=channels)[rows]
     return out
 
 

@@ -1,11 +1,12 @@
-"""The int8 KV cache (a float32 scale per position and head): batched rows stay bit-identical to
+"""The int8 KV cache (a bfloat16 scale per position and head): batched rows stay bit-identical to
 sequential ones, and greedy streams match the float32 cache on real models.
 
 Measured (this file's greedy checks, 24 tokens after the prompt; largest logit difference against
-the float32 cache, and the largest logit): SmolLM2-135M identical stream, 0.29 of 33.7 (float16
-KV: 0.013); Qwen2.5-0.5B identical stream, 0.13 of 20.0 (float16: 0.012); the tiny LightOnOCR
-identical stream, 0.07 of 25.8. Without the per-sequence key channel scales Qwen's stream left
-the float32 one at its 7th token (logit error 25): its keys have outlier channels.
+the float32 cache, and the largest logit): SmolLM2-135M identical stream, 0.26 of 33.7 (float32
+position scales: 0.28; float16 KV: 0.013); Qwen2.5-0.5B identical stream, 0.19 of 20.0 (float32
+scales: 0.18; float16: 0.012); the tiny LightOnOCR identical stream, 0.10 of 20.7. Without the
+per-sequence key channel scales Qwen's stream left the float32 one at its 7th token (logit error
+25): its keys have outlier channels.
 """
 
 from __future__ import annotations
@@ -57,4 +58,26 @@ def test_int8_pool_is_a_quarter_of_float32():
         model.decoder.forward(state, list(range(1, 200)))
         sizes[dtype] = pool.nbytes()
     head_dim = model.config.head_dim
-    assert sizes["int8"] == sizes["float32"] * (head_dim + 4) / (4 * head_dim)  # int8 values + a float32 scale (and tiny channel scales)
+    assert sizes["int8"] == sizes["float32"] * (head_dim + 2) / (4 * head_dim)  # int8 values + a bfloat16 scale (and tiny channel scales)
+
+
+def test_a_row_is_stored_with_the_bfloat16_scale_it_was_quantized_with():
+    """_int8_of: the scale is the largest magnitude / 127 rounded up to bfloat16 (as bits), the
+    integers are made with that scale, so none passes 127 and each is within half a step of x; a
+    zero row gets scale 1, and a row too small for a normal scale still quantizes finitely."""
+    from pantheon_ocr.engine.cache import _int8_of
+    from pantheon_ocr.engine.ops import from_bf16_bits
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((300, 64)) * rng.uniform(1e-3, 1e3, (300, 1))).astype(np.float32)
+    x[7] = 0
+    x[8] = np.float32(1e-42)  # max / 127 is below bfloat16's smallest subnormal
+    x[9, 3] = -np.float32(127 * 1.00390625 + 0.1)  # a maximum whose scale is not a bfloat16
+    q, bits = _int8_of(x)
+    assert bits.dtype == np.uint16 and bits.shape == (300, 1)
+    s = from_bf16_bits(bits)
+    exact = np.abs(x).max(-1, keepdims=True) / np.float32(127)
+    assert np.all(s >= exact) and np.all(s[exact > 1e-30] < exact[exact > 1e-30] * (1 + 2 ** -7))
+    assert np.abs(q).max() <= 127 and np.array_equal(q, np.rint(x / s))
+    assert np.all(np.abs(q * s - x) <= s / 2 + 1e-45)
+    assert s[7] == 1 and not q[7].any() and np.isfinite(s[8]) and s[8] > 0

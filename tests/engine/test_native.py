@@ -106,10 +106,11 @@ def test_a_peaked_softmax_with_small_values_is_still_attention(kernels):
 
 
 def int8_pool_layer(slots: int, hkv: int, cap: int, d: int, seed: int):
-    """An int8 layer as cache.KVPool keeps it: values, per-position scales, per-channel key scales."""
+    """An int8 layer as cache.KVPool keeps it: values, per-position scales (bfloat16 bits), per-channel
+    key scales."""
     rng = np.random.default_rng(seed)
     k, v = (rng.integers(-127, 128, (slots, hkv, cap, d), dtype=np.int8) for _ in "kv")
-    ks, vs = (rng.uniform(0.001, 0.05, (slots, hkv, cap, 1)).astype(np.float32) for _ in "kv")
+    ks, vs = (to_bf16_bits(rng.uniform(0.001, 0.05, (slots, hkv, cap, 1)).astype(np.float32)) for _ in "kv")
     kc = rng.uniform(0.5, 4.0, (slots, hkv, 1, d)).astype(np.float32)
     return k, v, (ks, vs, kc)
 
@@ -123,8 +124,8 @@ def test_int8_keys_are_attention_over_their_scaled_values(d, g, n, kernels):
     hkv, cap = 2, 304
     k, v, (ks, vs, kc) = int8_pool_layer(3, hkv, cap, d, seed=n + d)
     q = np.random.default_rng(g).standard_normal((1, hkv * g, d), dtype=np.float32)
-    kk = (k[1, :, :n].astype(np.float64) * ks[1, :, :n] * kc[1])  # [Hkv, n, D]
-    vv = v[1, :, :n].astype(np.float64) * vs[1, :, :n]
+    kk = (k[1, :, :n].astype(np.float64) * from_bf16_bits(ks[1, :, :n]) * kc[1])  # [Hkv, n, D]
+    vv = v[1, :, :n].astype(np.float64) * from_bf16_bits(vs[1, :, :n])
     kk, vv = np.repeat(kk, g, axis=0), np.repeat(vv, g, axis=0)
     s = np.einsum("hd,hnd->hn", q[0].astype(np.float64) * d ** -0.5, kk)
     p = np.exp(s - s.max(-1, keepdims=True))

@@ -83,7 +83,8 @@ class DecodeAttention:
     def __call__(self, k: np.ndarray, v: np.ndarray, slots, lengths, q: np.ndarray, *, scale: float, threads: int,
                  scales: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """k, v: one layer of a pool [slots, Hkv, cap, D], bfloat16 bits (uint16) or int8 with
-        `scales` = (ks, vs [slots, Hkv, cap, 1], kc [slots, Hkv, 1, D]) as cache.KVPool keeps them;
+        `scales` = (ks, vs [slots, Hkv, cap, 1] bfloat16 bits, kc [slots, Hkv, 1, D] float32) as
+        cache.KVPool keeps them;
         sequence b's query q[b] [Hq, D] float32 attends to the first lengths[b] positions of slot
         slots[b] -> [B, Hq, D] float32."""
         kind = next((c for c, dt in self.KINDS.values() if k.dtype == dt), None)
@@ -96,10 +97,13 @@ class DecodeAttention:
             if scales is None:
                 raise ValueError("int8 keys and values need their scales (ks, vs, kc)")
             ks, vs, kc = scales
-            want = {"ks": (n_slots, hkv, cap, 1), "vs": (n_slots, hkv, cap, 1), "kc": (n_slots, hkv, 1, d)}
+            want = {"ks": (np.uint16, (n_slots, hkv, cap, 1)), "vs": (np.uint16, (n_slots, hkv, cap, 1)),
+                    "kc": (np.float32, (n_slots, hkv, 1, d))}
             for name, a in zip(want, scales):
-                if a.dtype != np.float32 or a.shape != want[name] or not a.flags.c_contiguous:
-                    raise ValueError(f"{name} must be C-contiguous float32 {want[name]}, got {a.dtype} {a.shape}")
+                dtype, shape = want[name]
+                if a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+                    raise ValueError(f"{name} must be C-contiguous {np.dtype(dtype).name} {shape}, "
+                                     f"got {a.dtype} {a.shape}")
         if not (k.flags.c_contiguous and v.flags.c_contiguous):
             raise ValueError("the pool layer must be C-contiguous")
         slots = np.ascontiguousarray(slots, dtype=np.int64)

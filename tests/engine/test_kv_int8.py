@@ -58,7 +58,8 @@ def test_int8_pool_is_a_quarter_of_float32():
         model.decoder.forward(state, list(range(1, 200)))
         sizes[dtype] = pool.nbytes()
     head_dim = model.config.head_dim
-    assert sizes["int8"] == sizes["float32"] * (head_dim + 2) / (4 * head_dim)  # int8 values + a bfloat16 scale (and tiny channel scales)
+    # int8 values and a bfloat16 scale per position (the channel scales are per sequence: tiny)
+    assert sizes["int8"] == sizes["float32"] * (head_dim + 2) / (4 * head_dim)
 
 
 def test_a_row_is_stored_with_the_bfloat16_scale_it_was_quantized_with():

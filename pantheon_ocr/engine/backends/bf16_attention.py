@@ -89,7 +89,8 @@ class PromptAttention:
         if not all(a.flags.c_contiguous for a in arrays):
             raise ValueError("the pool's layer must be C-contiguous")
         if pool.quantized and not (arrays[2].dtype == arrays[3].dtype == np.uint16 and arrays[4].dtype == np.float32):
-            raise ValueError("an int8 pool's position scales must be bfloat16 bits (uint16), its channel scales float32")
+            raise ValueError("an int8 pool's position scales must be bfloat16 bits (uint16), "
+                             "its channel scales float32")
         ks, vs, kc = (a.ctypes.data for a in arrays[2:]) if pool.quantized else (None, None, None)
         out = torch.empty(q.shape)
         rc = self.lib.prompt_attention(self.KINDS[pool.kind], k.ctypes.data, v.ctypes.data, ks, vs, kc, cap, slot,

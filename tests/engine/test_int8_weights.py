@@ -173,3 +173,23 @@ def test_copied_weights_leave_the_map_and_read_the_same(monkeypatch):
     gf.release(name)
     assert np.array_equal(gf.raw(name), before)
     assert model.decoder.torch_blocks is not None and bf16.decoder.torch_blocks is not None
+
+
+def test_a_matrix_past_q8_0s_scales_stays_int8_rows():
+    """A weight beyond 127 x float16's largest (a Q8_0 group's scale would be infinite) keeps the matrix
+    as int8 rows under int8 storage; an ordinary one of the same shape becomes 8-bit tiles."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pantheon_ocr.engine.format import torch_weights as TW
+    from pantheon_ocr.engine.format.weights import Weight
+
+    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
+        pytest.skip("the compiled products do not build here")
+    w = np.random.default_rng(2).standard_normal((32, 64)).astype(np.float32)
+    assert TW.kind_of(Weight("w", Q.F32, w.shape, w.view(np.uint8), "int8").torch_data()) == "groups"
+    w[3, 5] = 1e8
+    big = Weight("w", Q.F32, w.shape, w.view(np.uint8), "int8")
+    assert TW.kind_of(big.torch_data()) == "int8"
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    got = big.matmul(x)
+    assert np.isfinite(got).all() and rel_err(got, x @ w.T) <= 2e-2

@@ -70,6 +70,7 @@ def int8_rows(dense: np.ndarray):
     return q, scale
 
 
+F16_MAX = 65504.0  # float16's largest finite value
 QUANTIZE_ROWS = 4096  # rows decoded and quantized at a time at load: a few MB of float32, not the whole matrix
 
 
@@ -86,12 +87,16 @@ def q8_0_tiles_of(raw: np.ndarray, decode) -> Groups:
     8-bit tiles a Q8_0 file's matrix becomes (tiles_fit). Why: as int8 rows a BF16 file's prompt
     products widened each matrix to bfloat16 for oneDNN's GEMM; the tiles multiply int8 activation
     rows as integers, per 32 weights a scale instead of one per row (docs/benchmarks.md). The groups
-    are not kept: rows are looked up from the tiles (rows_f32)."""
+    are not kept: rows are looked up from the tiles (rows_f32). ValueError where a group's scale would
+    pass float16's range (a weight beyond 127 x 65,504)."""
     from ..backends.products import pack_tiles
 
     out, tiles = raw.shape[0], None
     for r in range(0, out, QUANTIZE_ROWS):
-        part = pack_tiles(quants.quantize(decode(raw[r:r + QUANTIZE_ROWS]), Q.Q8_0), Q.Q8_0)
+        dense = decode(raw[r:r + QUANTIZE_ROWS])
+        if not np.abs(dense).max() <= 127 * F16_MAX:  # NaN too
+            raise ValueError("a weight past what Q8_0's float16 scales hold")
+        part = pack_tiles(quants.quantize(dense, Q.Q8_0), Q.Q8_0)
         if tiles is None:
             tiles = np.empty((out // TILE, *part.shape[1:]), np.uint8)  # [out / 16, in / 32, record]
         tiles[r // TILE:r // TILE + len(part)] = part

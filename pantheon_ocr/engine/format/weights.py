@@ -85,7 +85,10 @@ class Weight:
                 except ValueError:  # a minimum -8 d / -16 d past float16's range: quantized here then
                     pass
             if self._data is None and tiles_fit(shape):
-                self._data = q8_0_tiles_of(rows, decode)
+                try:
+                    self._data = q8_0_tiles_of(rows, decode)
+                except ValueError:  # a weight past float16 scales' range: int8 rows then
+                    pass
             if self._data is None:
                 self._data = int8_rows_of(rows, decode)
         elif storage == "f32" or qtype == Q.F32:

@@ -71,16 +71,31 @@ def test_int8_weights_batch_rows_are_exact():
                                 pool=model.decoder.new_pool(kind)))
 
 
+def tiles_or_skip():
+    """torch_weights, where a matrix under int8 storage becomes 8-bit tiles (the compiled products build)."""
+    from pantheon_ocr.engine.format import torch_weights as TW
+
+    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
+        pytest.skip("the compiled products do not build here")
+    return TW
+
+
+def prompt_then_steps(decoder, prompt: list[int], steps: int = 4) -> np.ndarray:
+    """The logits of a prompt's first position, then of `steps` decode steps fed its first tokens."""
+    st = decoder.new_state(len(prompt) + steps + 1)
+    return np.stack([decoder.forward(st, prompt)[0]] + [decoder.forward(st, [t])[0] for t in prompt[:steps]])
+
+
 @pytest.mark.parametrize("tiles", [True, False])
 def test_int8_weights_are_about_a_quarter_of_f32(tiles, monkeypatch):
     """int8 storage of a BF16 matrix: 8-bit tiles where the compiled products build (Q8_0's 34 bytes
     per 32 weights), else int8 rows (a byte per weight and a bfloat16 scale per row)."""
     from pantheon_ocr.engine.format import torch_weights as TW
 
-    if not tiles:
+    if tiles:
+        tiles_or_skip()
+    else:
         monkeypatch.setattr(TW, "tiles_fit", lambda shape: False)
-    elif not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
-        pytest.skip("the compiled products do not build here")
     f32, int8 = load_model(LIGHTONOCR_TEXT, weights="f32"), load_model(LIGHTONOCR_TEXT, weights="int8")
     w32, w8 = f32.decoder.layers[0].ffn_up, int8.decoder.layers[0].ffn_up
     assert TW.kind_of(w8.torch_data()) == ("groups" if tiles else "int8")
@@ -93,29 +108,17 @@ def test_a_bf16_file_under_int8_storage_decodes_as_its_q8_0_file(tmp_path):
     """Where the compiled products build, a BF16 file's matrices are quantized to Q8_0 at load, as
     scripts/quantize_gguf.py (gguf's quantizer) writes a Q8_0 file: the same tiles, so the same logits
     to the bit, prompt and decode steps."""
-    import importlib.util
-    from pathlib import Path
+    from .test_published_formats import quantize_gguf
 
-    from pantheon_ocr.engine.format import torch_weights as TW
-
-    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
-        pytest.skip("the compiled products do not build here")
-    spec = importlib.util.spec_from_file_location(
-        "quantize_gguf", Path(__file__).parents[2] / "scripts" / "quantize_gguf.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    tiles_or_skip()
     q8 = tmp_path / "text-q8_0.gguf"
-    script.requantize(LIGHTONOCR_TEXT, q8, "Q8_0")
+    quantize_gguf.requantize(LIGHTONOCR_TEXT, q8, "Q8_0")
     a, b = load_model(LIGHTONOCR_TEXT, weights="int8"), load_model(str(q8), weights="int8")
     for la, lb in zip(a.decoder.layers, b.decoder.layers):
         assert la.ffn_down.qtype.name == "BF16" and lb.ffn_down.qtype.name == "Q8_0"
         assert torch.equal(la.ffn_down.torch_data().tiles, lb.ffn_down.torch_data().tiles)
     prompt = _prompts(a.config.n_vocab, 1, seed=3)[0]
-    rows = []
-    for m in (a, b):
-        st = m.decoder.new_state(len(prompt) + 5)
-        rows.append(np.stack([m.decoder.forward(st, prompt)[-1]] + [m.decoder.forward(st, [t])[0] for t in prompt[:4]]))
-    assert np.array_equal(rows[0], rows[1])
+    assert np.array_equal(prompt_then_steps(a.decoder, prompt), prompt_then_steps(b.decoder, prompt))
 
 
 # Measured (max |logit error| / max |logit| over 24 greedy steps against float32 weights and keys,
@@ -140,13 +143,7 @@ def test_int8_weights_greedy_stream_equals_float32(which, record_property):
 def test_int8_weights_logits_error_against_f32_on_lightonocr():
     f32, int8 = load_model(LIGHTONOCR_TEXT, weights="f32"), load_model(LIGHTONOCR_TEXT, weights="int8")
     prompt = _prompts(f32.config.n_vocab, 1, seed=3)[0] + [1, 2, 3]
-    rows = []
-    for m in (f32, int8):
-        d = m.decoder
-        st = d.new_state(len(prompt) + 5)
-        out = [d.forward(st, prompt)[0]] + [d.forward(st, [t])[0] for t in prompt[:4]]
-        rows.append(np.stack(out))
-    err = rel_err(rows[1], rows[0])
+    err = rel_err(prompt_then_steps(int8.decoder, prompt), prompt_then_steps(f32.decoder, prompt))
     print(f"lightonocr: int8 weights, max relative logits error vs f32 {err:.2e}")
     assert 1e-4 < err <= 3.5e-2
 
@@ -180,11 +177,9 @@ def test_a_matrix_past_q8_0s_scales_stays_int8_rows():
     as int8 rows under int8 storage; an ordinary one of the same shape becomes 8-bit tiles."""
     from gguf import GGMLQuantizationType as Q
 
-    from pantheon_ocr.engine.format import torch_weights as TW
     from pantheon_ocr.engine.format.weights import Weight
 
-    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
-        pytest.skip("the compiled products do not build here")
+    TW = tiles_or_skip()
     w = np.random.default_rng(2).standard_normal((32, 64)).astype(np.float32)
     assert TW.kind_of(Weight("w", Q.F32, w.shape, w.view(np.uint8), "int8").torch_data()) == "groups"
     w[3, 5] = 1e8

@@ -61,6 +61,35 @@ def test_activations_are_quantized_as_the_definition_says():
     assert np.array_equal(buf[at:at + 4 * m * 3].view(np.float32).reshape(m, 3), d) and d[2, 1] == 0
 
 
+def test_a_prompts_rows_quantize_to_the_same_bytes_in_every_build_and_thread_count(builds):
+    """Many rows (past the count that takes a second thread): the vector path of an AVX-512 build and
+    the scalar one of an AVX2 build write the same buffer, alone or on 2 threads, and it is the definition."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((300, 160)) * rng.uniform(0.01, 100, (300, 1))).astype(np.float32)
+    x[7, 64:96] = 0  # a block of zeros
+    x[9, :32] = np.arange(32) - 15.5  # ties: d = 127 / 127, q = x rounded half to even
+    x[9, 0] = 127
+    x[11, 32:64] = -x[11, 32:64]  # signs flipped: the largest magnitude negative
+    q, d = quantized(x)
+    bufs = []
+    for kernel in builds.values():
+        for threads in (1, 2):
+            buf, m, k = kernel._acts(x, threads)
+            assert np.array_equal(buf[:m * k].view(np.int8).reshape(m, k), q)
+            bufs.append(_acts_parts(buf, m, k))
+    for parts in bufs[1:]:  # q, d, d * sum(q), the lanes and the offsets
+        assert all(np.array_equal(a, b) for a, b in zip(parts, bufs[0]))
+
+
+def _acts_parts(buf: np.ndarray, m: int, k: int) -> list[np.ndarray]:
+    """quantize_rows' buffer (csrc/products.c's acts_of) as its parts, without the padding between them."""
+    up, kb, parts, at = (lambda n: -(-n // 64) * 64), k // 32, [], 0
+    for size in (m * k, 4 * m * kb, 4 * m * kb, 4 * m * kb * 8, 4 * m):
+        parts.append(buf[at:at + size])
+        at += up(size)
+    return parts
+
+
 def _reference(q: np.ndarray, d: np.ndarray, w: np.ndarray) -> np.ndarray:
     """float64 sum over blocks of d[b] * (q_b . w_b) for each row of q and of w [N, K] (float64)."""
     m, k = q.shape

@@ -59,6 +59,7 @@ class Products:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.acts_size.argtypes, lib.acts_size.restype = [i64, i64], i64
         lib.quantize_rows.argtypes, lib.quantize_rows.restype = [p, i64, i64, i64, p], i32
+        lib.quantize_rows_mt.argtypes, lib.quantize_rows_mt.restype = [p, i64, i64, i64, p, i32], i32
         lib.product_int8.argtypes, lib.product_int8.restype = [p, p, i64, i64, p, i64, p, i64, i32], i32
         lib.product_tiles.argtypes, lib.product_tiles.restype = [p, i32, i64, i64, p, i64, p, i64, i32], i32
         lib.product_bf16.argtypes, lib.product_bf16.restype = [p, i64, i64, p, i64, p, i64, i32], i32
@@ -70,19 +71,20 @@ class Products:
         """A function's address, for the compiled step."""
         return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
 
-    def _acts(self, x) -> tuple[np.ndarray, int, int]:
-        """x [M, in] float32 (torch or numpy) quantized: (the buffer, M, in)."""
+    def _acts(self, x, threads: int | None = None) -> tuple[np.ndarray, int, int]:
+        """x [M, in] float32 (torch or numpy) quantized, a prompt's many rows on `threads` threads (torch's
+        count if None): (the buffer, M, in)."""
         x = np.ascontiguousarray(x.numpy() if isinstance(x, torch.Tensor) else x, dtype=np.float32)
         m, k = x.shape
         if k % QK:
             raise ValueError(f"rows of {k} are not whole blocks of {QK}")
         buf = np.empty(self.lib.acts_size(m, k), np.uint8)
-        self.lib.quantize_rows(x.ctypes.data, m, k, k, buf.ctypes.data)
+        self.lib.quantize_rows_mt(x.ctypes.data, m, k, k, buf.ctypes.data, threads or torch.get_num_threads())
         return buf, m, k
 
     def int8(self, q, scale, x, threads: int | None = None):
         """x [M, in] float32 @ (q [out, in] int8 * scale [out] bfloat16).T -> [M, out] float32 torch."""
-        buf, m, k = self._acts(x)
+        buf, m, k = self._acts(x, threads)
         n = q.shape[0]
         if q.shape[1] != k or not q.is_contiguous() or not scale.is_contiguous():
             raise ValueError(f"int8 rows {tuple(q.shape)} do not take rows of {k}")
@@ -106,7 +108,7 @@ class Products:
     def tiles(self, tiles, bits: int, n: int, x, threads: int | None = None):
         """x [M, in] float32 @ W.T for tiles (pack_tiles) of `bits`-bit weights, n rows -> [M, out]
         float32 torch."""
-        buf, m, k = self._acts(x)
+        buf, m, k = self._acts(x, threads)
         if tiles.shape[1] * QK != k or tiles.shape[2] != RECORDS.get(bits) or not tiles.is_contiguous():
             raise ValueError(f"{bits}-bit tiles {tuple(tiles.shape)} do not take rows of {k}")
         y = torch.empty(m, n)

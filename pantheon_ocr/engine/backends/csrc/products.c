@@ -100,39 +100,78 @@ int64_t acts_size(int64_t m, int64_t k) {
     return up64(m * k) + 2 * up64(4 * m * kb) + up64(4 * m * kb * 8) + up64(4 * m);
 }
 
-/* x [m, k] float32 (row stride ldx) -> buf: each block of 32 as d = its largest magnitude / 127 and
- * q = x / d rounded to nearest even (all zero where the block is) */
-int quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx, void *buf) {
+/* Row r of x quantized into a: each block of 32 as d = its largest magnitude / 127 and q = x / d rounded
+ * to nearest even (all zero where the block is). The AVX-512 path makes the scalar path's bits: the
+ * same float multiply and rounding per value, the largest magnitude taken as the scalar loop takes it
+ * (a NaN never wins), the integer sum exact, the row's total summed block after block. */
+static void quantize_row(const float *x, int64_t r, int64_t ldx, const acts_t *a) {
+    const int64_t k = a->k;
+    int8_t *q = (int8_t *)a->q + r * k;
+    float *d = (float *)a->d + r * a->kb, *s = (float *)a->s + r * a->kb;
+    float *lanes = (float *)a->lanes + r * a->kb * 8;
+    float total = 0.0f;
+    for (int64_t b = 0; b < a->kb; b++) {
+        const float *xb = x + r * ldx + b * QK;
+        int8_t *qb = q + b * QK;
+        int sum = 0;
+#if defined(__AVX512F__)
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        __m512 top16 = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_setzero_ps()); /* a NaN lane gives 0 */
+        top16 = _mm512_max_ps(_mm512_abs_ps(x1), top16);
+        float top = _mm512_reduce_max_ps(top16);
+        float db = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+        const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv))); /* nearest even, as nearbyintf */
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
+        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
+        _mm_storeu_si128((__m128i *)qb, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtepi32_epi8(q1));
+        sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+        float top = 0.0f;
+        for (int i = 0; i < QK; i++) {
+            float v = xb[i] < 0 ? -xb[i] : xb[i];
+            top = v > top ? v : top;
+        }
+        float db = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+        for (int i = 0; i < QK; i++) {
+            int v = (int)__builtin_nearbyintf(xb[i] * inv);
+            v = v > 127 ? 127 : v < -127 ? -127 : v;
+            qb[i] = (int8_t)v;
+            sum += v;
+        }
+#endif
+        d[b] = db;
+        s[b] = db * (float)sum;
+        for (int j = 0; j < 8; j++) lanes[b * 8 + j] = db;
+        total += s[b];
+    }
+    ((float *)a->offset)[r] = 128.0f * total;
+}
+
+/* Rows worth a second thread: a page's prompt chunk is 512 rows; a decode step's few rows are not */
+#define QUANTIZE_SHARE 64
+
+/* x [m, k] float32 (row stride ldx) -> buf (acts_size), on up to `threads` threads; every row is
+ * its own, so the bits do not depend on them. 0, or -1 for a width that is not whole blocks. */
+int quantize_rows_mt(const float *x, int64_t m, int64_t k, int64_t ldx, void *buf, int threads) {
     if (k % QK) return -1;
     acts_t a = acts_of(buf, m, k);
-    int8_t *q = (int8_t *)a.q;
-    float *d = (float *)a.d, *s = (float *)a.s, *lanes = (float *)a.lanes, *offset = (float *)a.offset;
-    for (int64_t r = 0; r < m; r++) {
-        float total = 0.0f;
-        for (int64_t b = 0; b < a.kb; b++) {
-            const float *xb = x + r * ldx + b * QK;
-            int8_t *qb = q + r * k + b * QK;
-            float top = 0.0f;
-            for (int i = 0; i < QK; i++) {
-                float v = xb[i] < 0 ? -xb[i] : xb[i];
-                top = v > top ? v : top;
-            }
-            float db = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
-            int sum = 0;
-            for (int i = 0; i < QK; i++) {
-                int v = (int)__builtin_nearbyintf(xb[i] * inv);
-                v = v > 127 ? 127 : v < -127 ? -127 : v;
-                qb[i] = (int8_t)v;
-                sum += v;
-            }
-            d[r * a.kb + b] = db;
-            s[r * a.kb + b] = db * (float)sum;
-            for (int j = 0; j < 8; j++) lanes[(r * a.kb + b) * 8 + j] = db;
-            total += s[r * a.kb + b];
-        }
-        offset[r] = 128.0f * total;
-    }
+    int nt = m < 2 * QUANTIZE_SHARE || threads < 2 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t r = 0; r < m; r++) quantize_row(x, r, ldx, &a);
+#else
+    (void)nt;
+    for (int64_t r = 0; r < m; r++) quantize_row(x, r, ldx, &a);
+#endif
     return 0;
+}
+
+/* The same on the calling thread (the compiled decode step's few rows). */
+int quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx, void *buf) {
+    return quantize_rows_mt(x, m, k, ldx, buf, 1);
 }
 
 INLINE float bf16_to_f32(uint16_t b) {

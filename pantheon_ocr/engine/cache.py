@@ -117,8 +117,10 @@ class KVPool:
         """Every per-layer array list a slot's positions live in: k, v (and ks, vs for int8)."""
         return (self.k, self.v, self.ks, self.vs) if self.quantized else (self.k, self.v)
 
-    def store(self, layer: int, slot: int, at, k: np.ndarray, v: np.ndarray) -> None:
-        """k/v [Hkv, T, D] float32 into positions `at` (a slice or indices) of the slot."""
+    def store(self, layer: int, slot: int, at, k: np.ndarray, v: np.ndarray, int8_of=None) -> None:
+        """k/v [Hkv, T, D] float32 into positions `at` (a slice or indices) of the slot. int8_of: a
+        function (x, divisor) -> _int8_of(x / divisor)'s bits, for a prompt chunk's many rows (the
+        compiled one, backends/rows.py); None: _int8_of."""
         if self.kind == "bfloat16":
             self.k[layer][slot][:, at] = to_bf16_bits(k)
             self.v[layer][slot][:, at] = to_bf16_bits(v)
@@ -131,8 +133,10 @@ class KVPool:
             c = np.abs(k).max(axis=1, keepdims=True)  # [Hkv, 1, D]
             self.kc[layer][slot] = np.where(c > 0, c, 1)
             self.kc_set.add((layer, slot))
-        for x, q, s in ((k / self.kc[layer][slot], self.k, self.ks), (v, self.v, self.vs)):
-            q[layer][slot][:, at], s[layer][slot][:, at] = _int8_of(x)
+        if int8_of is None:
+            int8_of = lambda x, divisor: _int8_of(x if divisor is None else x / divisor)  # noqa: E731
+        for x, div, q, s in ((k, self.kc[layer][slot], self.k, self.ks), (v, None, self.v, self.vs)):
+            q[layer][slot][:, at], s[layer][slot][:, at] = int8_of(x, div)
 
     def store_step(self, layer: int, slots: np.ndarray, at: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """A decode step's k/v [Hkv, B, D] float32: row b into position at[b] of slot slots[b], every
@@ -226,19 +230,20 @@ class KVCache:
             raise RuntimeError("this sequence's KV cache was released")
         return self.slot
 
-    def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq)."""
+    def write(self, layer: int, pos0: int, k: np.ndarray, v: np.ndarray, int8_of=None) -> None:
+        """Store k/v [Hkv, T, D] for positions pos0 .. pos0+T-1 (ring: only the last max_seq);
+        int8_of as KVPool.store takes it."""
         t = k.shape[1]
         pool = self.pool
         if self.ring:
             slot, keep = self.held_slot(), min(t, self.max_seq)
             pool.reserve(layer, slot, min(pos0 + t, self.max_seq), self.max_seq)
             slots = np.arange(pos0 + t - keep, pos0 + t) % self.max_seq
-            pool.store(layer, slot, slots, k[:, t - keep :], v[:, t - keep :])
+            pool.store(layer, slot, slots, k[:, t - keep :], v[:, t - keep :], int8_of)
             end = min(pos0 + t, self.max_seq)
         else:
             slot = self.room(layer, pos0, t)
-            pool.store(layer, slot, slice(pos0, pos0 + t), k, v)
+            pool.store(layer, slot, slice(pos0, pos0 + t), k, v, int8_of)
             end = pos0 + t
         pool.used[slot] = max(pool.used[slot], end)
 

@@ -121,8 +121,10 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
             why.append(f"decode attention: {built.why}")
             why.append(f"prompt attention: {prompt_attention_why()}")
         from .backends.products import products
+        from .backends.rows import rows_why
 
         why.append(f"products: {products().why}")
+        why.append(f"prompt rows: {rows_why()}")  # q/k norms and RoPE, SwiGLU, int8 KV store
     if o.vision_backend == "auto" and o.device is None and o.vision_dtype == "auto":
         vision_params = _params(o.mmproj)
         if vision_params is not None and vision_params < SMALL_PARAMS:

@@ -5,6 +5,7 @@ saying why (the engine then keeps torch's products)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import shutil
@@ -209,6 +210,25 @@ def test_a_build_is_made_once_and_reused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [first.kernel.path.name]  # no temporary file left
 
 
+def test_a_header_beside_the_source_is_part_of_the_librarys_name(tmp_path):
+    """rows.c and bf16_attention.c include csrc/exp16.h: changing it must build both anew, not load a
+    library made from the old header."""
+    from pantheon_ocr.engine.backends.compiled import cached_build, find_compiler
+
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    src, header = tmp_path / "src" / "k.c", tmp_path / "src" / "k.h"
+    src.parent.mkdir()
+    src.write_text('#include "k.h"\nint k(void) { return K; }\n')
+    cc = find_compiler("CC", "cc")
+    built = []
+    for value in (1, 2, 1):
+        header.write_text(f"#define K {value}\n")
+        built.append(cached_build(cc, "k", src, [["-O2", "-fPIC", "-shared", str(src)]], tmp_path / "cache", 60)[1])
+    assert built[0] != built[1] and built[2] == built[0]
+    assert ctypes.CDLL(str(built[1])).k() == 2 and ctypes.CDLL(str(built[2])).k() == 1
+
+
 def test_the_kernel_runs_on_torchs_openmp_threads(tmp_path):
     """Built with OpenMP, the library's libgomp is the one torch loaded: its threads are torch's
     pool, not a second set waiting for the cores that torch's spinning threads hold."""
@@ -263,12 +283,13 @@ def test_the_decoder_takes_the_kernel_where_it_builds(kind):
 
 
 def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypatch, tmp_path):
-    """auto with torch weights: the KV cache auto takes, the decode and prompt attention and the products, each
-    one note (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no
+    """auto with torch weights: the KV cache auto takes, the decode and prompt attention, the products and
+    the prompt's row operations, each one note (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no
     attention kernel, but its steps' products are still said."""
     from pantheon_ocr.engine import loader
     from pantheon_ocr.engine.backends import bf16_attention
     from pantheon_ocr.engine.backends.products import products as products_of
+    from pantheon_ocr.engine.backends.rows import rows_why
     from pantheon_ocr.options import EngineOptions
 
     monkeypatch.setattr(loader, "_params", lambda path: 600_000_000)
@@ -280,11 +301,12 @@ def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypa
     prompt = bf16_attention.prompt_attention_why()
     assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}",
                                                   f"prompt attention: {prompt.split(' (')[0]}",
-                                                  f"products: {products.why.split(' (')[0]}"]
+                                                  f"products: {products.why.split(' (')[0]}",
+                                                  f"prompt rows: {rows_why().split(' (')[0]}"]
     monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
     _, why = loader.plan_auto(options)
     assert why[:2] == ["KV cache: bfloat16 (torch's decode products read bfloat16 fastest)",
                        "decode attention: torch's products (no compiler)"]
     _, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8",
                                             kv_dtype="float32"))
-    assert why == [f"products: {products.why}"]
+    assert why == [f"products: {products.why}", f"prompt rows: {rows_why()}"]

@@ -269,9 +269,12 @@ def test_a_real_decoders_prompt_attends_with_the_compiled_kernel_where_it_runs(k
     """SmolLM2 (64-wide heads: shapes the compiled prompt attention takes) with int8 weights, its prompt
     in uneven chunks over a bfloat16 or int8 pool: the kernel attends where it builds and the CPU has
     AVX-512 BF16, and the logits are as close to float32's (float32 weights and keys, the numpy loop)
-    as the numpy loop's over the same weights and pool. Measured against float32: kernel 5.4e-2 /
-    6.0e-2 (bfloat16 / int8 pool), torch's products by query blocks 12.5e-2 / 7.0e-2, the numpy loop
-    9.7e-2 / 6.9e-2 (the int8 weights' rounding dominates)."""
+    as the numpy loop's over the same weights and pool. Measured against float32 (largest error over
+    the 500 x 49,152 logits): kernel 7.3e-2 / 7.8e-2 (bfloat16 / int8 pool; 5.4e-2 / 6.0e-2 with torch's
+    SwiGLU instead of the compiled one, rows.py), torch's products by query blocks 12.5e-2 / 7.0e-2, the
+    numpy loop 9.7e-2 / 6.8e-2 (the int8 weights' rounding dominates). That largest error is a draw of
+    the int8 activations' rounding: torch's SwiGLU with 1e-7 relative noise on its output gave
+    5.9e-2 to 8.0e-2 (bfloat16 pool) and 6.6e-2 to 7.9e-2 (int8) over 4 seeds, hence 1.25x room."""
     from pantheon_ocr.engine.backends.bf16_attention import compiled_prompt_attention
 
     path = smollm2_or_skip()
@@ -302,4 +305,4 @@ def test_a_real_decoders_prompt_attends_with_the_compiled_kernel_where_it_runs(k
             out.append(d.forward(state, prompt[a:b], all_logits=True))
         rows[name] = np.concatenate(out)
     assert len(calls) == 3 * len(models["torch"].decoder.layers)  # every layer of the chunks (one token: a decode step)
-    assert rel_err(rows["torch"], rows["float32"]) <= 1.1 * rel_err(rows["numpy"], rows["float32"])
+    assert rel_err(rows["torch"], rows["float32"]) <= 1.25 * rel_err(rows["numpy"], rows["float32"])

@@ -5,7 +5,7 @@
     found = cached_build(compiler, "decode_attention", SOURCE, [args, fallback_args], cache_dir, 120)
     # -> (which args, the library's path), or a line saying why not
 
-A library's file name hashes its source, its arguments, the compiler's path and version and anything
+A library's file name hashes its source and the headers beside it, its arguments, the compiler's path and version and anything
 else it is built against (`extra`: torch's version for the step), so another compiler, release or
 source builds anew and an old file is never loaded for new code. It is written under a temporary name
 and renamed, so processes building at once (a Ray cluster's workers) never load half a file.
@@ -51,7 +51,8 @@ def cached_build(compiler: Compiler, stem: str, source: Path, candidates: Sequen
     argument list, in order of preference) already built, else the first that builds:
     (its index, its path); or what went wrong with the last one tried. One built before is taken as
     it is: a compiler that refuses a preferred flag is not asked again at every start."""
-    text = source.read_text()
+    # the source and the headers beside it (csrc/*.h) that it may include: a change to either builds anew
+    text = "\0".join([source.read_text(), *(h.read_text() for h in sorted(source.parent.glob("*.h")))])
     paths = []
     for args in candidates:
         key = hashlib.sha256("\0".join([text, " ".join(args), compiler.exe, compiler.version, extra])

@@ -24,26 +24,7 @@
 #define MAX_COLS 65536
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-/* e^x for 16 floats: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by a degree-6 Taylor
- * polynomial, times 2^n (vscalefps); 0 below -87.3 (where expf's results are subnormal: a masked key's
- * weight is exactly 0, as torch's) */
-TARGET static inline __m512 exp16(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), hi = _mm512_set1_ps(0.693359375f),
-                 lo = _mm512_set1_ps(-2.12194440e-4f), floor = _mm512_set1_ps(-87.3f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ);
-    x = _mm512_max_ps(x, floor);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, hi, x);
-    r = _mm512_fnmadd_ps(n, lo, r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
-}
+#include "exp16.h"
 
 TARGET static inline __m512 widen(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));

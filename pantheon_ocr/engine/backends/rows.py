@@ -1,0 +1,122 @@
+"""A prompt chunk's row operations in one pass each (csrc/rows.c, which says why and how), built by
+native.py's outline into the user cache and called through ctypes by torch_blocks.TorchBlocks for
+prompt rows: the per-head norm and rotary embedding of its queries and keys, the SwiGLU of its gate
+and up products, and an int8 KV pool's store of its keys and values. Where the library does not
+build or has no AVX-512, `compiled_rows()` is None and torch's and numpy's operations run.
+
+    rows = compiled_rows()                                   # None, or a Rows
+    q = rows.norm_rope(x, heads, d, w, eps, cos, sin, neox)  # x [T, heads * d] float32 torch -> [T, heads, d]
+    y = rows.swiglu(gate_up)                                 # [M, 2F] -> silu(gate) * up [M, F]
+    q, bits = rows.int8_of(x, divisor)                       # cache._int8_of(x / divisor), numpy [H, T, D]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from .common import require_torch, user_cache_dir
+from .native import ROWS_SOURCE, load
+
+torch = require_torch()
+
+
+class Rows:
+    """csrc/rows.c loaded."""
+
+    why = ""  # load()'s line: "the compiled <ISA> row operations (path; threads)"
+
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        lib.rows_take.restype = i32
+        lib.norm_rope_heads.argtypes = [p, i64, i64, i64, i64, p, f32, p, p, i32, p, i32]
+        lib.norm_rope_heads.restype = i32
+        lib.swiglu_rows.argtypes, lib.swiglu_rows.restype = [p, i64, i64, i64, p, i32], i32
+        lib.int8_rows.argtypes, lib.int8_rows.restype = [p, i64, i64, i64, i64, i64, p, p, p, i32], i32
+
+    @staticmethod
+    def _rows(x, width: int, what: str):
+        """x [M, width] float32 whose rows are contiguous (a view of a wider product's columns is)."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != width or x.stride(1) != 1:
+            raise ValueError(f"{what} takes float32 rows of {width} with contiguous columns, "
+                             f"got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
+        return x
+
+    def norm_rope(self, x, heads: int, d: int, w, eps: float, cos, sin, neox: bool):
+        """The heads of x [T, heads * d] (rows may be strided) each RMS-normed with w [d] (None: not
+        normed) and turned by cos, sin [T, d / 2] -> [T, heads, d] float32 torch."""
+        self._rows(x, heads * d, "norm_rope")
+        t = x.shape[0]
+        cos, sin = cos.contiguous().float(), sin.contiguous().float()
+        if cos.shape != (t, d // 2) or sin.shape != cos.shape:
+            raise ValueError(f"rotary angles {tuple(cos.shape)} do not fit {t} rows of heads of {d}")
+        w = None if w is None else w.contiguous().float()
+        out = torch.empty(t, heads, d)
+        rc = self.lib.norm_rope_heads(x.data_ptr(), t, heads, d, x.stride(0), None if w is None else w.data_ptr(),
+                                      eps, cos.data_ptr(), sin.data_ptr(), int(neox), out.data_ptr(),
+                                      torch.get_num_threads())
+        return _checked(rc, out, "norm_rope")
+
+    def swiglu(self, gate_up):
+        """gate_up [M, 2F] float32 (rows may be strided) -> silu(gate) * up [M, F] float32 torch."""
+        f = gate_up.shape[1] // 2
+        self._rows(gate_up, 2 * f, "swiglu")
+        y = torch.empty(gate_up.shape[0], f)
+        rc = self.lib.swiglu_rows(gate_up.data_ptr(), gate_up.shape[0], f, gate_up.stride(0), y.data_ptr(),
+                                  torch.get_num_threads())
+        return _checked(rc, y, "swiglu")
+
+
+    def int8_of(self, x: np.ndarray, divisor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """cache._int8_of(x / divisor) to the bit: x [H, T, D] float32 (any strides but contiguous
+        columns: a chunk's keys as the pool takes them), divisor [H, 1, D] or None -> (q [H, T, D] int8,
+        scales [H, T, 1] as bfloat16 bits)."""
+        if x.dtype != np.float32 or x.ndim != 3 or x.strides[2] != 4 or any(s % 4 for s in x.strides):
+            raise ValueError(f"int8_of takes float32 [H, T, D] with contiguous columns, got {x.dtype} {x.shape}")
+        h, t, d = x.shape
+        if divisor is not None:
+            divisor = np.ascontiguousarray(divisor, dtype=np.float32)
+            if divisor.shape != (h, 1, d):
+                raise ValueError(f"channel scales {divisor.shape} do not fit rows {x.shape}")
+        q, bits = np.empty((h, t, d), np.int8), np.empty((h, t, 1), np.uint16)
+        rc = self.lib.int8_rows(x.ctypes.data, h, t, d, x.strides[0] // 4, x.strides[1] // 4,
+                                None if divisor is None else divisor.ctypes.data, q.ctypes.data, bits.ctypes.data,
+                                torch.get_num_threads())
+        return _checked(rc, (q, bits), "int8_of")
+
+
+def _checked(rc: int, y, what: str):
+    if rc != 0:
+        raise ValueError(f"{what} refused its arguments (code {rc})")
+    return y
+
+
+def build(cache_dir, cc: str | None = None, isa: str | None = None) -> Rows | str:
+    """The row operations built (or found built) under cache_dir, or why there are none."""
+    kernel, why = load("rows", ROWS_SOURCE, Rows, "row operations", "torch's row operations", cache_dir, cc, isa)
+    if kernel is None:
+        return why
+    if not kernel.lib.rows_take():
+        return "torch's row operations (the build has no AVX-512)"
+    kernel.why = why
+    return kernel
+
+
+@functools.cache
+def _built() -> Rows | str:
+    return build(user_cache_dir() / "kernels")
+
+
+def compiled_rows() -> Rows | None:
+    """This process's row operations, built on first use in the user cache, or None."""
+    built = _built()
+    return None if isinstance(built, str) else built
+
+
+def rows_why() -> str:
+    """One line: which row operations a prompt takes here, and why."""
+    built = _built()
+    return built if isinstance(built, str) else built.why

@@ -1,0 +1,147 @@
+"""A prompt chunk's compiled row operations (engine/backends/rows.py, csrc/rows.c): the rotary
+embedding torch_blocks.Rope's to the bit and the q/k norm torch's up to float32 rounding; the SwiGLU
+torch's within a few float32 ulps; the int8 KV store cache._int8_of's to the bit; every row's bits the
+same alone, in any batch and on any thread count; a prompt through them as close to float32 as the
+torch operations'; what they cannot take refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pantheon_ocr.engine import load_model  # noqa: E402
+from pantheon_ocr.engine.backends import native, rows  # noqa: E402
+from pantheon_ocr.engine.backends.torch_blocks import Rope  # noqa: E402
+from pantheon_ocr.engine.cache import _int8_of  # noqa: E402
+
+from .conftest import LIGHTONOCR_TEXT  # noqa: E402
+from .test_batch_exact import _prompts  # noqa: E402
+from .test_native import can_build_here  # noqa: E402
+
+F = torch.nn.functional
+
+
+def rows_or_skip() -> rows.Rows:
+    kernel = rows.compiled_rows()
+    if kernel is None:
+        assert not (can_build_here() and "avx512f" in native.cpu_flags()), \
+            f"the row operations should build on this machine: {rows.rows_why()}"
+        pytest.skip(rows.rows_why())
+    return kernel
+
+
+def _torch_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_is_torch_blocks_rope_to_the_bit_and_the_norm_torchs_up_to_rounding(neox):
+    kernel = rows_or_skip()
+    t, hq, hkv, d = 77, 16, 8, 128
+    freqs = (1.0 / 1e6 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    rope = Rope.of(np.arange(2000, 2000 + t), freqs, d, neox)
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen) * 3  # the stacked product: strided rows
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    w = torch.rand(d, generator=gen) + 0.5
+    assert torch.equal(kernel.norm_rope(k, hkv, d, None, 1e-6, rope.cos, rope.sin, neox), rope(k.reshape(t, hkv, d)))
+    got = kernel.norm_rope(q, hq, d, w, 1e-6, rope.cos, rope.sin, neox)
+    want = rope(_torch_norm(q.reshape(t, hq, d).double(), w.double(), 1e-6).float())
+    assert (got - want).abs().max() <= 4e-7 * want.abs().max()
+
+
+def test_swiglu_is_torchs_within_a_few_ulps():
+    kernel = rows_or_skip()
+    gen = torch.Generator().manual_seed(2)
+    gu = torch.randn(40, 2 * 300, generator=gen) * 4  # 300: not whole vectors of 16
+    gu[0, :4] = torch.tensor([0.0, 120.0, -120.0, -90.0])  # e^-g past float32's range either way
+    got = kernel.swiglu(gu)
+    g, u = gu[:, :300].double(), gu[:, 300:].double()
+    want = (g / (1 + torch.exp(-g)) * u).float()
+    assert torch.all((got - want).abs() <= 4 * torch.finfo(torch.float32).eps * want.abs() + 1e-30)
+    assert got[0, 1] == 120 * gu[0, 301] and got[0, 2] == 0 and got[0, 3].abs() < 1e-30
+
+
+def test_the_int8_store_is_the_numpy_stores_bits():
+    kernel = rows_or_skip()
+    rng = np.random.default_rng(3)
+    k = (rng.standard_normal((300, 8, 128)) * rng.uniform(1e-3, 30, (300, 8, 1))).astype(np.float32)
+    k[3, 2] = 0  # a zero row: scale 1
+    k[5, 1] = 1e-40  # a row past float32's normals
+    k[6, 0, :64] = np.arange(64) - 31.5  # halves: rounded to even
+    kn = k.transpose(1, 0, 2)[:, 20:280]  # [Hkv, T, D]: a chunk's keys as the pool takes them, strided
+    kc = np.abs(kn).max(axis=1, keepdims=True)
+    kc = np.where(kc > 0, kc, 1).astype(np.float32)
+    for divisor in (None, kc):
+        q, bits = kernel.int8_of(kn, divisor)
+        want_q, want_bits = _int8_of(kn if divisor is None else kn / divisor)
+        assert np.array_equal(q, want_q.astype(np.int8)) and np.array_equal(bits, want_bits)
+        assert np.abs(q.astype(np.int16)).max() == 127
+
+
+def test_a_rows_bits_are_the_same_alone_in_any_batch_and_on_any_thread_count():
+    kernel = rows_or_skip()
+    t, h, d = 70, 4, 64  # past the rows that take a second thread
+    gen = torch.Generator().manual_seed(4)
+    x, gu = torch.randn(t, h * d, generator=gen), torch.randn(t, 2 * 96, generator=gen)
+    rope = Rope.of(np.arange(t), (1.0 / 1e4 ** (np.arange(0, d, 2) / d)).astype(np.float32), d, True)
+    w = torch.rand(d, generator=gen) + 0.5
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append((kernel.norm_rope(x, h, d, w, 1e-6, rope.cos, rope.sin, True), kernel.swiglu(gu),
+                         kernel.int8_of(x.numpy().reshape(t, h, d).transpose(1, 0, 2))))
+    finally:
+        torch.set_num_threads(before)
+    for (a, b, (q, s)), (a2, b2, (q2, s2)) in zip(runs, runs[1:]):
+        assert torch.equal(a, a2) and torch.equal(b, b2) and np.array_equal(q, q2) and np.array_equal(s, s2)
+    alone = kernel.norm_rope(x[9:10], h, d, w, 1e-6, rope.cos[9:10], rope.sin[9:10], True)
+    assert torch.equal(alone, runs[0][0][9:10]) and torch.equal(kernel.swiglu(gu[9:10]), runs[0][1][9:10])
+
+
+def test_what_the_row_operations_cannot_take_is_refused():
+    kernel = rows_or_skip()
+    cos = sin = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="float32 rows of 16"):
+        kernel.norm_rope(torch.zeros(3, 12), 2, 8, None, 1e-6, cos, sin, True)
+    with pytest.raises(ValueError, match="rotary angles"):
+        kernel.norm_rope(torch.zeros(4, 16), 2, 8, None, 1e-6, cos, sin, True)
+    with pytest.raises(ValueError, match="contiguous columns"):
+        kernel.swiglu(torch.zeros(8, 3).t())
+    with pytest.raises(ValueError, match="channel scales"):
+        kernel.int8_of(np.zeros((2, 3, 8), np.float32), np.ones((2, 1, 4), np.float32))
+
+
+def test_a_build_without_avx512_says_so(tmp_path):
+    rows_or_skip()
+    built = rows.build(tmp_path, isa="AVX2")
+    assert isinstance(built, str) and "no AVX-512" in built
+
+
+def test_a_prompt_through_the_row_operations_is_as_close_to_float32_as_through_torchs():
+    """The tiny LightOnOCR text (Qwen3: q/k norms) with int8 weights over an int8 pool, its prompt in
+    chunks: the logits against float32's (f32 weights and keys) as close with the compiled row
+    operations as with torch's and numpy's, and the int8 pool holds the same keys."""
+    kernel = rows_or_skip()
+    models = {"rows": load_model(LIGHTONOCR_TEXT, weights="int8"), "torch": load_model(LIGHTONOCR_TEXT, weights="int8"),
+              "float32": load_model(LIGHTONOCR_TEXT, weights="f32")}
+    assert models["rows"].decoder.torch_blocks.rows is kernel
+    models["torch"].decoder.torch_blocks.rows = None
+    prompt = _prompts(models["rows"].config.n_vocab, 1, seed=8)[0] * 12
+    logits, pools = {}, {}
+    for name, m in models.items():
+        d = m.decoder
+        pools[name] = d.new_pool("float32" if name == "float32" else "int8")
+        state = d.new_state(len(prompt) + 1, pools[name])
+        logits[name] = np.concatenate([d.forward(state, prompt[a:b], all_logits=True)
+                                       for a, b in ((0, 50), (50, 51), (51, len(prompt)))])
+    err = {n: np.abs(logits[n] - logits["float32"]).max() / np.abs(logits["float32"]).max() for n in ("rows", "torch")}
+    print(f"logits against float32: {err}")
+    assert err["rows"] <= 1.5 * err["torch"], err
+    last = len(models["rows"].decoder.layers) - 1
+    k_rows, k_torch = (pools[n].load(last, 0, slice(0, len(prompt)))[0] for n in ("rows", "torch"))
+    assert np.abs(k_rows - k_torch).max() <= 0.02 * np.abs(k_torch).max()

@@ -268,13 +268,19 @@ def test_bench_decode_defaults_to_the_weights_transcribe_takes(tmp_path, monkeyp
     assert [r["storage"] for r in json.loads(out.read_text())] == ["bf16", "f32"]
 
 
-def test_prefill_bench_prefills_as_transcribe_does():
+def test_prefill_bench_prefills_as_transcribe_does(monkeypatch):
     """bench ocr --stage prefill measures what a page's prefill is in a run: the prompt in the options
     table's chunks into the KV cache transcribe takes (int8 weights: int8 KV where the compiled attention
-    builds), a layer-truncated run scaled by its layers' share."""
+    builds), the output head for the last chunk only (PageEngine.prefill_steps), a layer-truncated run
+    scaled by its layers' share."""
     pytest.importorskip("torch")
     from pantheon_ocr.engine.cache import kv_kind
+    from pantheon_ocr.engine.models.llama import Decoder
 
+    heads = []
+    logits_of = Decoder.logits_of
+    monkeypatch.setattr(Decoder, "logits_of", lambda self, *a, **kw: heads.append(1) or logits_of(self, *a, **kw))
     p = bench_prefill(TEXT, "int8", layers=1, longest_edge=896)
     assert p["prompt_tokens"] > 512 and p["kv_dtype"] == kv_kind("auto", "int8") and p["estimated"]
+    assert len(heads) == 1  # one run, several chunks
     assert p["seconds_page"] > p["seconds_run"] > 0

@@ -128,6 +128,28 @@ def test_a_first_write_by_a_decode_step_sets_the_channel_scales():
         assert np.abs(a.k[i][0, :, 0].astype(int) - b.k[i][0, :, 0]).max() <= 2
 
 
+def test_a_steps_int8_store_is_the_numpy_stores_bits():
+    """store_row (the step's KV store) against cache._int8_of, row by row: keys divided by their channel
+    scales, values as they are; a zero row, a row past float32's normals and halves among them."""
+    from pantheon_ocr.engine.cache import _int8_of
+
+    built = native_step.decode_step()
+    if built.lib is None:
+        assert not can_build_step_here(), f"the step should build on this machine: {built.why}"
+        pytest.skip(built.why)
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((64, 128)) * rng.uniform(1e-3, 30, (64, 1))).astype(np.float32)
+    x[3], x[5], x[6, :64] = 0, 1e-40, np.arange(64) - 31.5
+    kc = np.abs(x).max(axis=0) + np.float32(0.5)  # [128] channel scales
+    for channels in (None, kc):
+        want_q, want_bits = _int8_of(x if channels is None else x / channels)
+        q, bits = np.empty((64, 128), np.int8), np.empty(64, np.uint16)
+        for r in range(64):
+            built.lib.step_store_row(x[r].ctypes.data, 128, native_step.POOLS["int8"], q[r].ctypes.data,
+                                     bits[r:].ctypes.data, None if channels is None else channels.ctypes.data)
+        assert np.array_equal(q, want_q.astype(np.int8)) and np.array_equal(bits, want_bits[:, 0])
+
+
 def test_hooked_or_refused_steps_say_why_and_the_python_chain_decodes(monkeypatch, tmp_path):
     hooked = load_model(LIGHTONOCR_TEXT, weights="int8", tower=TowerOptions(on_layer=lambda i, s: None)).decoder
     assert hooked.torch_blocks.step is None and "timing hook" in hooked.torch_blocks.step_why

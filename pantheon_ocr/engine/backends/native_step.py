@@ -84,6 +84,7 @@ def build(cache_dir: Path, cxx: str | None = None) -> Built:
     lib.step_vectors.argtypes = [p, i64, *([p] * 8)]
     lib.step_matrix.argtypes = [p, i64, i32, i32, i32, i64, i64, p, i32, p, i32, p, i32, p, i32]
     lib.step_run.argtypes = [p, i64, p, p, p, i32, i64, p, p, p, p, p, p, p, p, i32]
+    lib.step_store_row.argtypes = [p, i64, i32, p, p, p]
     return Built(lib, f"compiled ({path})")
 
 

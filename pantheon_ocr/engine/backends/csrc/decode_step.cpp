@@ -332,6 +332,12 @@ void *step_new(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t n_kv, in
 
 void step_free(void *st) { delete static_cast<Step *>(st); }
 
+/* store_row on its own, for the tests: one head's row x [d] (d <= 512) into row (bfloat16 bits or int8)
+ * and scale, keys divided by channels (or not: null), as a step stores it */
+void step_store_row(const float *x, int64_t d, int kind, void *row, uint16_t *scale, const float *channels) {
+    store_row(x, d, kind, row, scale, channels);
+}
+
 int step_vectors(void *sp, int64_t layer, const float *attn_norm, const float *ffn_norm, const float *q_norm,
                  const float *k_norm, const float *bq, const float *bk, const float *bv, const float *bo) {
     Layer &L = static_cast<Step *>(sp)->layers.at(layer);

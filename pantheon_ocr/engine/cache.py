@@ -85,6 +85,11 @@ def _int8_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(x / from_bf16_bits(bits)), bits
 
 
+def _int8_divided(x: np.ndarray, divisor: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """_int8_of(x / divisor) (divisor None: of x): the store of keys through their channel scales."""
+    return _int8_of(x if divisor is None else x / divisor)
+
+
 class KVPool:
     """The K/V of every live sequence of one decoder: per layer k[layer], v[layer] of shape
     [slots, Hkv, cap, D]. Slots and cap grow geometrically (copying only what is written);
@@ -133,8 +138,7 @@ class KVPool:
             c = np.abs(k).max(axis=1, keepdims=True)  # [Hkv, 1, D]
             self.kc[layer][slot] = np.where(c > 0, c, 1)
             self.kc_set.add((layer, slot))
-        if int8_of is None:
-            int8_of = lambda x, divisor: _int8_of(x if divisor is None else x / divisor)  # noqa: E731
+        int8_of = int8_of or _int8_divided
         for x, div, q, s in ((k, self.kc[layer][slot], self.k, self.ks), (v, None, self.v, self.vs)):
             q[layer][slot][:, at], s[layer][slot][:, at] = int8_of(x, div)
 

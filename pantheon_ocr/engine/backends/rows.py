@@ -69,7 +69,6 @@ class Rows:
                                   torch.get_num_threads())
         return _checked(rc, y, "swiglu")
 
-
     def int8_of(self, x: np.ndarray, divisor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """cache._int8_of(x / divisor) to the bit: x [H, T, D] float32 (any strides but contiguous
         columns: a chunk's keys as the pool takes them), divisor [H, 1, D] or None -> (q [H, T, D] int8,

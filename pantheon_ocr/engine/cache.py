@@ -154,8 +154,8 @@ class KVPool:
             self.k[layer][slots, :, at] = kt
             self.v[layer][slots, :, at] = vt
             return
-        for x, q, sc in ((kt / self.kc[layer][slots, :, 0], self.k, self.ks), (vt, self.v, self.vs)):
-            q[layer][slots, :, at], sc[layer][slots, :, at] = _int8_of(x)
+        for x, div, q, sc in ((kt, self.kc[layer][slots, :, 0], self.k, self.ks), (vt, None, self.v, self.vs)):
+            q[layer][slots, :, at], sc[layer][slots, :, at] = _int8_divided(x, div)
 
     def load(self, layer: int, slot: int, at) -> tuple[np.ndarray, np.ndarray]:
         """The float32 keys/values of positions `at` of the slot: [Hkv, L, D] each."""

@@ -93,11 +93,10 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
     50.2 tok/s at B = 1 / 4 / 16 with int8 rows against 9.6 / 25.5 / 44.2 with bf16, for a prompt 16%
     slower (10.9 against 9.4 s: each product widened the int8 matrix to bfloat16); as 8-bit tiles the
     BF16 file's page prompt took 6.2-7.0 s (products on int8 activation rows, the prompt's row
-    operations in one pass each: backends/rows.py). Without bfloat16
-    units a bf16 product is emulated: on an AVX2 EPYC a batched decode step at B = 4 took 0.83 s with
-    float32, 0.49 s with bf16 and 0.33 s with int8 rows, whose prompts multiply in float32 there,
-    faster than f32's numpy loop. The
-    torch (or Core ML) vision backend where installed, unless the vision tower is small (numpy runs
+    operations in one pass each: backends/rows.py). Without bfloat16 units a bf16 product is
+    emulated: on an AVX2 EPYC a batched decode step at B = 4 took 0.83 s with float32, 0.49 s with
+    bf16 and 0.33 s with int8 rows, whose prompts multiply in float32 there, faster than f32's numpy
+    loop. The torch (or Core ML) vision backend where installed, unless the vision tower is small (numpy runs
     a page's line pieces in one pass). Chosen once, before any weight is read. With torch weights,
     also the KV cache auto takes, which decode attention runs and which products multiply the
     decode steps' rows (the compiled kernels are built here if they can be)."""

@@ -5,10 +5,11 @@
     found = cached_build(compiler, "decode_attention", SOURCE, [args, fallback_args], cache_dir, 120)
     # -> (which args, the library's path), or a line saying why not
 
-A library's file name hashes its source and the headers beside it, its arguments, the compiler's path and version and anything
-else it is built against (`extra`: torch's version for the step), so another compiler, release or
-source builds anew and an old file is never loaded for new code. It is written under a temporary name
-and renamed, so processes building at once (a Ray cluster's workers) never load half a file.
+A library's file name hashes its source and the headers beside it, its arguments, the compiler's path
+and version and anything else it is built against (`extra`: torch's version for the step), so another
+compiler, release, source or header builds anew and an old file is never loaded for new code. It is
+written under a temporary name and renamed, so processes building at once (a Ray cluster's workers)
+never load half a file.
 """
 
 from __future__ import annotations

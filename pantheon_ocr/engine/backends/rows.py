@@ -38,12 +38,12 @@ class Rows:
         lib.int8_rows.argtypes, lib.int8_rows.restype = [p, i64, i64, i64, i64, i64, p, p, p, i32], i32
 
     @staticmethod
-    def _rows(x, width: int, what: str):
-        """x [M, width] float32 whose rows are contiguous (a view of a wider product's columns is)."""
+    def _rows(x, width: int, what: str) -> None:
+        """Refuses x unless it is [M, width] float32 with contiguous columns (a view of a wider product's
+        columns is)."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != width or x.stride(1) != 1:
             raise ValueError(f"{what} takes float32 rows of {width} with contiguous columns, "
                              f"got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
-        return x
 
     def norm_rope(self, x, heads: int, d: int, w, eps: float, cos, sin, neox: bool):
         """The heads of x [T, heads * d] (rows may be strided) each RMS-normed with w [d] (None: not

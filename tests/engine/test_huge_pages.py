@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pantheon_ocr.engine import load_model, memory  # noqa: E402
+from pantheon_ocr.engine.format import torch_groups as G  # noqa: E402
 from pantheon_ocr.engine.format import torch_weights as TW  # noqa: E402
 
 from .conftest import LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
@@ -43,7 +44,7 @@ def test_matrices_in_huge_pages_keep_their_bits_and_views(which, monkeypatch):
         part = TW.tensors_of(layer.attn_k.torch_data())[0]
         assert part.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
         tiles = getattr(layer.attn_qkv.torch_data(), "tiles", None) is not None
-        per = TW.TILE if tiles else 1  # a 4-bit tile holds 16 rows
+        per = G.TILE if tiles else 1  # a 4-bit tile holds 16 rows
         q, k = layer.attn_q.shape[0] // per, layer.attn_k.shape[0] // per
         assert torch.equal(part, stack[q:q + k])
     if storage == "int8" and memory.huge_page_buffer(1) is not None:  # Linux: one map holds them all

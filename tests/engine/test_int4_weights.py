@@ -1,6 +1,6 @@
 """Groups under int8 storage: a matrix the file holds as Q4_0 / Q4_1 stays 4-bit (Q5_0 / Q5_1 5-bit and
 Q8_0 its blocks where the compiled products build)
-(format/torch_weights.Groups: the compiled products' tiles where they build, else torch's
+(format/torch_groups.Groups: the compiled products' tiles where they build, else torch's
 int4-weight kernel's layout; both are tested here): the file's values, exact rows whatever the batch,
 a stack the same bits as its parts, and the error against float32 stated."""
 
@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from pantheon_ocr.engine import load_model  # noqa: E402
+from pantheon_ocr.engine.format import torch_groups as G  # noqa: E402
 from pantheon_ocr.engine.format import torch_weights as TW  # noqa: E402
 
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
@@ -38,7 +39,7 @@ def layout(request, monkeypatch) -> str:
     if request.param == "tiles":
         products_or_skip()
     else:
-        monkeypatch.setattr(TW, "compiled_products", lambda: None)
+        monkeypatch.setattr(G, "compiled_products", lambda: None)
     return request.param
 
 
@@ -48,7 +49,7 @@ def test_4bit_groups_multiply_as_the_files_values(qtype, layout):
     (int8 blocks of 32 for tiles; bfloat16 in torch's layout, whose scales and output are rounded
     to it too): not a second quantization of the weights."""
     raw, dense = _blocks(qtype)
-    data = TW.groups_of(raw, qtype)
+    data = G.groups_of(raw, qtype)
     assert data.shape == dense.shape and TW.kind_of(data) == "groups"
     assert (data.tiles is not None) == (layout == "tiles")
     assert TW.nbytes(data) == dense.size // 2 + 2 * 2 * dense.size // 32  # half a byte + 2 16-bit values per group
@@ -58,25 +59,25 @@ def test_4bit_groups_multiply_as_the_files_values(qtype, layout):
     ref = x.to(torch.bfloat16).float().numpy() @ dense.T
     assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max()
     assert np.array_equal(TW.rows_f32(data, np.array([3, 0, 63])), dense[[3, 0, 63]])  # lookups: the file's rows
-    assert not TW.groups_fit(qtype, (40, 96))  # int8 rows then
-    assert TW.groups_fit(Q.Q8_0, dense.shape) == (layout == "tiles")  # torch has no int8-group kernel
+    assert not G.groups_fit(qtype, (40, 96))  # int8 rows then
+    assert G.groups_fit(Q.Q8_0, dense.shape) == (layout == "tiles")  # torch has no int8-group kernel
 
 
 def test_torch_layout_packed_block_by_block_and_a_stack_keep_the_bits(monkeypatch):
     """Packing QUANTIZE_ROWS rows at a time, and stacking matrices (q/k/v), change no bit: torch packs
     int4_pack_rows() rows at a time (measured here) and each output column reads its own row."""
-    monkeypatch.setattr(TW, "compiled_products", lambda: None)
-    b = TW.int4_pack_rows()
+    monkeypatch.setattr(G, "compiled_products", lambda: None)
+    b = G.int4_pack_rows()
     raw, _ = _blocks(Q.Q4_1, shape=(4 * b, 64))
-    whole = TW.groups_of(raw, Q.Q4_1)
-    monkeypatch.setattr(TW, "QUANTIZE_ROWS", b)
-    pieces = TW.groups_of(raw, Q.Q4_1)
+    whole = G.groups_of(raw, Q.Q4_1)
+    monkeypatch.setattr(G, "QUANTIZE_ROWS", b)
+    pieces = G.groups_of(raw, Q.Q4_1)
     assert torch.equal(whole.packed, pieces.packed) and torch.equal(whole.scales_zeros, pieces.scales_zeros)
     if b >= 32:  # pieces of half a block are another pack (torch packs no fewer than 16 rows)
-        monkeypatch.setattr(TW, "QUANTIZE_ROWS", b // 2)
-        assert not torch.equal(whole.packed, TW.groups_of(raw, Q.Q4_1).packed)
-    parts = [TW.groups_of(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 2 * b), (2 * b, 3 * b), (3 * b, 4 * b))]
-    assert all(TW.groups_fit(Q.Q4_1, p.shape) for p in parts) and not TW.groups_fit(Q.Q4_1, (b + b // 2, 64))
+        monkeypatch.setattr(G, "QUANTIZE_ROWS", b // 2)
+        assert not torch.equal(whole.packed, G.groups_of(raw, Q.Q4_1).packed)
+    parts = [G.groups_of(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 2 * b), (2 * b, 3 * b), (3 * b, 4 * b))]
+    assert all(G.groups_fit(Q.Q4_1, p.shape) for p in parts) and not G.groups_fit(Q.Q4_1, (b + b // 2, 64))
     stacked = TW.stack(parts)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     with torch.inference_mode():
@@ -94,8 +95,8 @@ def test_tiles_of_a_stack_are_its_parts_tiles():
     bit for bit, and its views are the stack's own tiles, not copies."""
     products_or_skip()
     raw, _ = _blocks(Q.Q4_1, shape=(80, 64))
-    parts = [TW.groups_of(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 48), (48, 64), (64, 80))]
-    assert all(p.tiles is not None for p in parts) and TW.groups_fit(Q.Q4_1, (16, 64))
+    parts = [G.groups_of(raw[r0:r1], Q.Q4_1) for r0, r1 in ((0, 48), (48, 64), (64, 80))]
+    assert all(p.tiles is not None for p in parts) and G.groups_fit(Q.Q4_1, (16, 64))
     stacked = TW.stack(parts)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
@@ -143,7 +144,7 @@ def test_5_and_8bit_files_keep_their_groups_as_tiles(tmp_path, dtype, bits, monk
     toks, got = greedy(model.decoder, prompt, "float32", n=12)
     assert toks == ref_toks
     assert 1e-5 < np.abs(got - ref).max() / np.abs(ref).max() <= 3e-2
-    monkeypatch.setattr(TW, "compiled_products", lambda: None)
+    monkeypatch.setattr(G, "compiled_products", lambda: None)
     assert TW.kind_of(load_model(path, weights="int8").decoder.layers[0].attn_q._data) == "int8"
 
 
@@ -165,7 +166,7 @@ def test_groups_of_other_bits_are_not_stacked():
     """A Q4_K_M layer's q / k may be 5-bit tiles and its v 8-bit ones: their records differ, so they stay
     apart (weights.can_stack says no, stack refuses)."""
     products_or_skip()
-    five, eight = (TW.groups_of(_blocks(q, shape=(16, 64))[0], q) for q in (Q.Q5_0, Q.Q8_0))
+    five, eight = (G.groups_of(_blocks(q, shape=(16, 64))[0], q) for q in (Q.Q5_0, Q.Q8_0))
     assert TW.kind_of(five) == TW.kind_of(eight) == "groups" and TW.layout_of(five) != TW.layout_of(eight)
     with pytest.raises(ValueError, match="kinds"):
         TW.stack([five, eight])
@@ -178,6 +179,6 @@ def test_8bit_tiles_look_up_their_rows_without_the_files_pages():
     from dataclasses import replace
 
     raw, dense = _blocks(Q.Q8_0, shape=(48, 96))
-    data = replace(TW.groups_of(raw, Q.Q8_0), raw=None)
+    data = replace(G.groups_of(raw, Q.Q8_0), raw=None)
     ids = np.array([47, 0, 16, 15, 16, 31])
     assert np.array_equal(TW.rows_f32(data, ids), dense[ids])

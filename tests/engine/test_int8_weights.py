@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pantheon_ocr.engine import load_model  # noqa: E402
-from pantheon_ocr.engine.format.torch_weights import int8_rows, rows_exact_for_any_m  # noqa: E402
+from pantheon_ocr.engine.format.torch_groups import int8_rows  # noqa: E402
+from pantheon_ocr.engine.format.torch_weights import rows_exact_for_any_m  # noqa: E402
 
 from .conftest import LIGHTONOCR_TEXT, qwen05b_or_skip, smollm2_or_skip  # noqa: E402
 from .test_batch_exact import _joins, _prompts, assert_varied, run_exact  # noqa: E402
@@ -33,13 +34,13 @@ def test_int8_rows_quantize_each_row_to_its_own_scale():
 def test_a_matrix_quantized_block_by_block_has_the_bits_of_the_whole(monkeypatch):
     """At load a matrix is decoded and quantized QUANTIZE_ROWS rows at a time (a few MB of float32,
     not the whole embedding): the same int8 values and scales as quantizing it whole."""
-    from pantheon_ocr.engine.format import torch_weights as TW
+    from pantheon_ocr.engine.format import torch_groups as G
 
-    monkeypatch.setattr(TW, "QUANTIZE_ROWS", 7)
+    monkeypatch.setattr(G, "QUANTIZE_ROWS", 7)
     w = np.random.default_rng(1).standard_normal((50, 32)).astype(np.float32)
     raw = w.view(np.uint8)  # [rows, row bytes], as a file's F32 tensor
     calls = []
-    q, scale = TW.int8_rows_of(raw, lambda rows: calls.append(len(rows)) or rows.view(np.float32))
+    q, scale = G.int8_rows_of(raw, lambda rows: calls.append(len(rows)) or rows.view(np.float32))
     assert calls == [7] * 7 + [1]
     whole = int8_rows(w)
     assert torch.equal(q, whole[0]) and torch.equal(scale, whole[1])
@@ -73,9 +74,10 @@ def test_int8_weights_batch_rows_are_exact():
 
 def tiles_or_skip():
     """torch_weights, where a matrix under int8 storage becomes 8-bit tiles (the compiled products build)."""
+    from pantheon_ocr.engine.format import torch_groups as G
     from pantheon_ocr.engine.format import torch_weights as TW
 
-    if not TW.tiles_fit((TW.TILE, TW.INT4_GROUP)):
+    if not G.tiles_fit((G.TILE, G.INT4_GROUP)):
         pytest.skip("the compiled products do not build here")
     return TW
 
@@ -90,12 +92,13 @@ def prompt_then_steps(decoder, prompt: list[int], steps: int = 4) -> np.ndarray:
 def test_int8_weights_are_about_a_quarter_of_f32(tiles, monkeypatch):
     """int8 storage of a BF16 matrix: 8-bit tiles where the compiled products build (Q8_0's 34 bytes
     per 32 weights), else int8 rows (a byte per weight and a bfloat16 scale per row)."""
+    from pantheon_ocr.engine.format import torch_groups as G
     from pantheon_ocr.engine.format import torch_weights as TW
 
     if tiles:
         tiles_or_skip()
     else:
-        monkeypatch.setattr(TW, "tiles_fit", lambda shape: False)
+        monkeypatch.setattr(G, "tiles_fit", lambda shape: False)
     f32, int8 = load_model(LIGHTONOCR_TEXT, weights="f32"), load_model(LIGHTONOCR_TEXT, weights="int8")
     w32, w8 = f32.decoder.layers[0].ffn_up, int8.decoder.layers[0].ffn_up
     assert TW.kind_of(w8.torch_data()) == ("groups" if tiles else "int8")

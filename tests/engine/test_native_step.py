@@ -66,9 +66,9 @@ def test_compiled_decode_rows_are_exact_with_torchs_products(weights, monkeypatc
     stay exact: bf16 in fixed blocks of 16 rows. oneDNN's bfloat16 GEMM in one call of any M (what
     a measurement on random matrices had allowed) gave sequence 9 here other bits in a batch of 14
     than alone, on an AVX-512 BF16 EPYC."""
-    from pantheon_ocr.engine.format import torch_weights as TW
+    from pantheon_ocr.engine.format import torch_groups as G
 
-    monkeypatch.setattr(TW, "compiled_products", lambda: None)
+    monkeypatch.setattr(G, "compiled_products", lambda: None)
     d = stepped(LIGHTONOCR_TEXT, weights)
     assert d.torch_blocks.step._products is None
     prompts = _prompts(d.cfg.n_vocab, 17, seed=77)

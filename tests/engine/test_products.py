@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import quants  # noqa: E402
 
 from pantheon_ocr.engine.backends import native, products  # noqa: E402
-from pantheon_ocr.engine.format.torch_weights import int8_rows  # noqa: E402
+from pantheon_ocr.engine.format.torch_groups import int8_rows  # noqa: E402
 
 from .test_native import can_build_here  # noqa: E402
 

@@ -103,7 +103,8 @@ class DecodeStep:
     blocks keep alive), then `run` per decode step."""
 
     def __init__(self, lib: ctypes.CDLL, blocks, attention_address: int):
-        from ..format.torch_weights import _exact_rows, compiled_products, kind_of
+        from ..format.torch_groups import compiled_products
+        from ..format.torch_weights import _exact_rows, kind_of
 
         c = blocks.cfg
         self.lib, self.blocks, self.cfg = lib, blocks, c

@@ -11,7 +11,8 @@ instead and multiply float32 rows: emulated bfloat16 GEMMs took 4x float32's tim
 - int8: each row as int8 with one bfloat16 scale (its largest magnitude / 127), quantized at load
   from whatever the file holds, so a decode step reads one byte per weight instead of two. A matrix
   the file holds as 4-bit groups (Q4_0, Q4_1) stays 4-bit instead (`Groups`): half a byte per
-  weight, and the file's own values rather than a second quantization.
+  weight, and the file's own values rather than a second quantization. torch_groups.py makes these
+  at load.
 
 Where the compiled products build (backends/products.py, csrc/products.c), every matrix under int8
 storage is held as its tiles: the file's 4-, 5- and 8-bit groups as they are, any other type quantized
@@ -27,13 +28,15 @@ decode step (backends/torch_blocks.py). Imported only when a model is loaded wit
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from ..backends.common import cpu_has_bf16, require_torch
+from . import torch_groups as G
+from .torch_groups import INT4_GROUP, TILE, Groups, groups_of, int8_rows
 
 torch = require_torch()
 F = torch.nn.functional
@@ -60,155 +63,6 @@ def from_f32(dense: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)).to(torch.bfloat16)
 
 
-def int8_rows(dense: np.ndarray):
-    """float32 [out, in] -> (int8 [out, in], bfloat16 scales [out]): row r is q[r] * scale[r],
-    scale = its largest magnitude / 127 (a zero row gets scale 1)."""
-    w = torch.from_numpy(np.array(dense, dtype=np.float32))  # a copy: an F32 tensor is the read-only map
-    scale = (w.abs().amax(dim=1) / 127).to(torch.bfloat16)
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
-F16_MAX = 65504.0  # float16's largest finite value
-QUANTIZE_ROWS = 4096  # rows decoded and quantized at a time at load: a few MB of float32, not the whole matrix
-
-
-def tiles_fit(shape: tuple[int, int]) -> bool:
-    """Whether a matrix the file holds in another type becomes 8-bit tiles under int8 storage
-    (`q8_0_tiles_of`): where the compiled products build, whole tiles of 16 rows and groups of 32."""
-    return compiled_products() is not None and shape[0] % TILE == 0 and shape[1] % INT4_GROUP == 0
-
-
-def q8_0_tiles_of(raw: np.ndarray, decode) -> Groups:
-    """A matrix whose rows raw [out, row_bytes] `decode` turns into float32 (BF16, F16, F32, K-quant
-    files), QUANTIZE_ROWS rows at a time, quantized to Q8_0 (per group of 32 weights d = its largest
-    magnitude / 127 in float16, q = round(w / d); gguf's quantizer, as llama.cpp's) and held as the
-    8-bit tiles a Q8_0 file's matrix becomes (tiles_fit). Why: as int8 rows a BF16 file's prompt
-    products widened each matrix to bfloat16 for oneDNN's GEMM; the tiles multiply int8 activation
-    rows as integers, per 32 weights a scale instead of one per row (docs/benchmarks.md). The groups
-    are not kept: rows are looked up from the tiles (rows_f32). ValueError where a group's scale would
-    pass float16's range (a weight beyond 127 x 65,504)."""
-    from ..backends.products import pack_tiles
-
-    out, tiles = raw.shape[0], None
-    for r in range(0, out, QUANTIZE_ROWS):
-        dense = decode(raw[r:r + QUANTIZE_ROWS])
-        if not np.abs(dense).max() <= 127 * F16_MAX:  # NaN too
-            raise ValueError("a weight past what Q8_0's float16 scales hold")
-        part = pack_tiles(quants.quantize(dense, Q.Q8_0), Q.Q8_0)
-        if tiles is None:
-            tiles = np.empty((out // TILE, *part.shape[1:]), np.uint8)  # [out / 16, in / 32, record]
-        tiles[r // TILE:r // TILE + len(part)] = part
-    return Groups(None, None, None, Q.Q8_0, torch.from_numpy(tiles))
-
-
-def int8_rows_of(raw: np.ndarray, decode) -> tuple:
-    """`int8_rows` of a matrix whose rows raw [out, row_bytes] `decode` turns into float32, block by
-    block of QUANTIZE_ROWS rows (the same bits: each row is its own): a 151,936 x 1,024 embedding
-    decoded whole was ~2 GB of float32 temporaries at load."""
-    return stack([int8_rows(decode(raw[r:r + QUANTIZE_ROWS])) for r in range(0, raw.shape[0], QUANTIZE_ROWS)])
-
-
-INT4_TYPES = frozenset({Q.Q4_0, Q.Q4_1})  # 4-bit groups of 32 that torch's int4 kernel takes as they are
-# groups of 32 the compiled products' tiles take as they are, and their bits (backends/products.py)
-TILE_BITS = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8}
-INT4_GROUP = 32  # weights per scale (and zero) in all of them
-TILE = 16  # rows of a tile (backends/products.py; not imported: it builds a library)
-_PACK_ROWS: list[int] = []  # int4_pack_rows, measured once per process
-
-
-def int4_pack_rows() -> int:
-    """How many rows torch packs together for its int4 kernel on this CPU, measured once per process:
-    the smallest block whose pieces, packed one by one, are the pack of the whole. Only matrices of
-    whole blocks stack and split (a stack's pack is then the stack of its parts' packs). Measured: 32
-    rows on an AVX2 EPYC, 64 on an AVX-512 Xeon (there, pieces of 32 rows packed apart are not the
-    pack of the whole: a 4-bit stack cut at 32 rows multiplied with wrong columns)."""
-    if not _PACK_ROWS:
-        gen = torch.Generator().manual_seed(0)
-        q = torch.randint(0, 16, (512, 2 * INT4_GROUP), dtype=torch.int32, generator=gen)
-        pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
-        whole = pack(q, 1)
-        _PACK_ROWS.append(next((b for b in (16, 32, 64, 128, 256)  # torch packs multiples of 16 rows only
-                                if torch.equal(torch.cat([pack(p, 1) for p in q.split(b)]), whole)), 512))
-    return _PACK_ROWS[0]
-
-
-@dataclass(frozen=True, eq=False)
-class Groups:
-    """A matrix the file holds as 4-, 5- or 8-bit groups, weight = d q + m per group of 32 along a row, q
-    in 0..15, 0..31 or 0..255 (Q4_0: m = -8 d, Q5_0: m = -16 d; Q8_0's int8 w as q = w + 128, m = -128 d),
-    held one of two ways:
-    - tiles, where the compiled products build (backends/products.py; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
-      the file's bits, d and m regrouped 16 rows at a time, the same values; every product quantizes its
-      rows to int8. A decode step reads 0.625 (4-bit), 0.75 (5-bit) or 1.0625 (8-bit, as the file) bytes per weight.
-    - else torch's int4-weight kernel's layout (Q4_0, Q4_1; aten._weight_int4pack_mm_for_cpu): weight
-      = (q - 8) * scale + zero, scale d and zero m + 8d rounded to bfloat16, the kernel's type (2^-9
-      of a step at most); bfloat16 rows, one call for any number of rows and a row's bits the same for
-      every M (measured, `rows_exact_for_any_m`)."""
-
-    packed: "torch.Tensor | None"  # q [out, in] in torch's int4 layout (uint8 [out, in / 2], 32 rows a block)
-    scales_zeros: "torch.Tensor | None"  # [in / 32, out, 2] bfloat16
-    raw: np.ndarray | None  # the file's blocks [out, row_bytes] (a view of its map): rows decode from it
-    qtype: Q
-    tiles: "torch.Tensor | None" = None  # uint8 [out / 16, in / 32, RECORDS[bits]] (products.pack_tiles), not packed
-
-    @property
-    def bits(self) -> int:
-        return TILE_BITS[self.qtype]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        if self.tiles is not None:
-            return self.tiles.shape[0] * TILE, self.tiles.shape[1] * INT4_GROUP
-        return self.packed.shape[0], self.scales_zeros.shape[0] * INT4_GROUP
-
-
-def compiled_products():
-    """The compiled products (backends/products.Products), or None where they do not build."""
-    from ..backends.products import products
-
-    return products().kernel
-
-
-def groups_fit(qtype: Q, shape: tuple[int, int]) -> bool:
-    """Whether a matrix keeps the file's groups under int8 storage: a Q4_0 / Q4_1 / Q5_0 / Q5_1 one of
-    whole tiles of 16 rows where the compiled products build, else a Q4_0 / Q4_1 one of whole
-    int4_pack_rows blocks for torch's kernel (the others become int8 rows)."""
-    if shape[1] % INT4_GROUP:
-        return False
-    if compiled_products() is not None:
-        return qtype in TILE_BITS and shape[0] % TILE == 0
-    return qtype in INT4_TYPES and shape[0] % int4_pack_rows() == 0
-
-
-def groups_of(raw: np.ndarray, qtype: Q) -> Groups:
-    """The file's blocks raw [out, row_bytes] (groups_fit) as `Groups`: tiles where the compiled
-    products build, else torch's layout QUANTIZE_ROWS rows at a time (q widened to int32 for torch's
-    packing is 4 bytes a weight). A Q4 block is float16 d (and m for Q4_1), then 16 bytes: the low
-    nibbles are weights 0..15, the high ones 16..31 (Q5: d, [m,] 32 fifth bits, then the same)."""
-    if compiled_products() is not None and raw.shape[0] % TILE == 0:
-        from ..backends.products import pack_tiles
-
-        return Groups(None, None, raw, qtype, torch.from_numpy(pack_tiles(raw, qtype)))
-    return torch_int4_groups(raw, qtype)
-
-
-def torch_int4_groups(raw: np.ndarray, qtype: Q) -> Groups:
-    """groups_of in torch's int4-weight layout, whether the compiled products build or not."""
-    out, head = raw.shape[0], 2 if qtype == Q.Q4_0 else 4
-    packs, sz = [], []
-    for r in range(0, out, QUANTIZE_ROWS):
-        b = raw[r:r + QUANTIZE_ROWS].reshape(min(QUANTIZE_ROWS, out - r), -1, head + 16)  # [rows, groups, bytes]
-        d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, groups]
-        zero = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if head == 4 else np.zeros_like(d)
-        qs = b[..., head:]  # [rows, groups, 16]
-        q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(b.shape[0], -1)  # [rows, in]
-        packs.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1))
-        sz.append(torch.from_numpy(np.stack([d, zero], axis=-1)).to(torch.bfloat16).transpose(0, 1))  # [groups, rows, 2]
-    return Groups(torch.cat(packs), torch.cat(sz, dim=1).contiguous(), raw, qtype)
-
-
 def product(data, m: int = 1):
     """The bfloat16 product x [m, in] -> x @ W.T [m, out] of a bf16 matrix or an int8 (q, scale)
     pair. int8 at more than ROW_BLOCK rows (a prompt; never a decode step, whose rows must not
@@ -216,7 +70,7 @@ def product(data, m: int = 1):
     kernel is 2.3x faster than bf16 at 1-2 rows but 2.7x slower at 512 (measured, LightOnOCR-1B
     layer shapes, 2 threads: 0.52 vs 1.21 ms per layer at one row, 51 vs 19 ms at 512)."""
     if isinstance(data, Groups) and data.tiles is not None:  # float32 results, rows quantized to int8
-        return lambda xb: compiled_products().tiles(data.tiles, data.bits, data.shape[0], xb.float())
+        return lambda xb: G.compiled_products().tiles(data.tiles, data.bits, data.shape[0], xb.float())
     if isinstance(data, Groups):  # any m, prompts too: 40 ms for 512 rows of 3,072 x 576 on AVX2, float32's
         # GEMM 28 ms on a matrix already widened (widening per product, from the file's blocks, was not tried)
         return lambda xb: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, data.packed, INT4_GROUP, data.scales_zeros)
@@ -243,7 +97,7 @@ def compiled_kind(data, exact_rows: bool) -> str | None:
     tiles always; int8 and bfloat16 rows in exact-rows products (decode steps), where it builds."""
     if isinstance(data, Groups):
         return "tiles" if data.tiles is not None else None
-    if not exact_rows or compiled_products() is None:
+    if not exact_rows or G.compiled_products() is None:
         return None
     return "int8" if isinstance(data, tuple) else "bf16"
 
@@ -265,11 +119,11 @@ def linear(data, x, exact_rows: bool = False):
     m = x.shape[0]
     compiled = compiled_kind(data, exact_rows)
     if compiled == "tiles":
-        return compiled_products().tiles(data.tiles, data.bits, data.shape[0], x.float())
+        return G.compiled_products().tiles(data.tiles, data.bits, data.shape[0], x.float())
     if compiled == "int8":
-        return compiled_products().int8(data[0], data[1], x.float())
+        return G.compiled_products().int8(data[0], data[1], x.float())
     if compiled == "bf16":
-        return compiled_products().bf16(data, x)
+        return G.compiled_products().bf16(data, x)
     if not exact_rows and m > ROW_BLOCK and not cpu_has_bf16() and not isinstance(data, Groups):
         return float32_product(data, x)
     xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # rows already rounded: shared by projections

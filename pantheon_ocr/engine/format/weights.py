@@ -70,10 +70,10 @@ class Weight:
 
             self.copied = qtype != Q.BF16
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
-        elif storage == "int8":  # torch: the file's 4-, 5- or 8-bit groups as they are (torch_weights.Groups),
+        elif storage == "int8":  # torch: the file's 4-, 5- or 8-bit groups as they are (torch_groups.Groups),
             # else quantized here: 8-bit tiles where the compiled products build, else int8 [out, in] with
             # a bfloat16 scale per row
-            from .torch_weights import groups_fit, groups_of, int8_rows_of, q8_0_tiles_of, tiles_fit
+            from .torch_groups import groups_fit, groups_of, int8_rows_of, q8_0_tiles_of, tiles_fit
 
             self.copied = True
             self._data = None

@@ -272,15 +272,19 @@ def test_prefill_bench_prefills_as_transcribe_does(monkeypatch):
     """bench ocr --stage prefill measures what a page's prefill is in a run: the prompt in the options
     table's chunks into the KV cache transcribe takes (int8 weights: int8 KV where the compiled attention
     builds), the output head for the last chunk only (PageEngine.prefill_steps), a layer-truncated run
-    scaled by its layers' share."""
+    scaled by its layers' share; a warm-up chunk before, outside the figures (as llama-batched-bench's)."""
     pytest.importorskip("torch")
     from pantheon_ocr.engine.cache import kv_kind
     from pantheon_ocr.engine.models.llama import Decoder
 
-    heads = []
-    logits_of = Decoder.logits_of
+    heads, calls, warmups = [], [], []
+    logits_of, hidden = Decoder.logits_of, Decoder.hidden
+    monkeypatch.setattr(Decoder, "hidden", lambda self, state, ids, embd_rows=None: calls.append(len(ids)) or (
+        warmups.append(1) if embd_rows is None else None) or hidden(self, state, ids, embd_rows))
     monkeypatch.setattr(Decoder, "logits_of", lambda self, *a, **kw: heads.append(1) or logits_of(self, *a, **kw))
     p = bench_prefill(TEXT, "int8", layers=1, longest_edge=896)
     assert p["prompt_tokens"] > 512 and p["kv_dtype"] == kv_kind("auto", "int8") and p["estimated"]
-    assert len(heads) == 1  # one run, several chunks
+    assert len(heads) == 1  # one run, several chunks; the warm-up reads no head
     assert p["seconds_page"] > p["seconds_run"] > 0
+    chunks = -(-p["prompt_tokens"] // p["prefill_chunk"])
+    assert p["layer_s"] > 0 and len(warmups) == 1 and len(calls) == 1 + chunks  # the warm-up, then the run's chunks

@@ -172,6 +172,53 @@ def test_bfloat16_cpu_backend_attends_by_query_blocks_without_amx_tiles(tiles, m
     assert rel_err(module.encode(px), vlm().encode_image(px)) <= BF16_REL
 
 
+def test_a_tower_with_heads_the_compiled_attention_takes_uses_it():
+    """Without AMX tiles a bfloat16 tower attends with the compiled kernel (bf16_attention.FullAttention)
+    where it builds and takes the heads (64 or more channels a head: LightOnOCR's 16 x 64), else by query
+    blocks (the fixture's heads are too small for it)."""
+    from pantheon_ocr.engine.backends import bf16_attention
+    from pantheon_ocr.engine.backends.torch_pixtral import query_block_attention
+    from pantheon_ocr.engine.backends.torch_vision import cpu_bf16_attention
+
+    small = cpu_bf16_attention(4, 16)
+    assert small.func is query_block_attention and small.keywords["softmax"] is bf16_attention.compiled_softmax()
+    full = bf16_attention.compiled_full_attention()
+    if full is None:
+        assert cpu_bf16_attention(16, 64).func is query_block_attention
+    else:
+        assert cpu_bf16_attention(16, 64) is full
+
+
+def test_a_block_attending_with_the_compiled_kernel_is_sdpas_block():
+    """A Pixtral block in bfloat16 with the compiled attention in place of SDPA (its q, k, v are views
+    of the projections' rows, its output goes back into them): the float32 block's output to
+    bfloat16's error, as close as the block with SDPA in bfloat16."""
+    from pantheon_ocr.engine.backends import bf16_attention
+    from pantheon_ocr.engine.backends.torch_pixtral import PixtralBlock
+
+    full = bf16_attention.compiled_full_attention()
+    if full is None:
+        pytest.skip("no compiled vision attention here (no compiler or no AVX-512 BF16)")
+    torch.manual_seed(0)
+    block = PixtralBlock(256, 4, 512, 1e-5)  # heads of 64, as LightOnOCR's
+    x = torch.randn(2, 150, 256)
+    cos, sin = (f(torch.rand(150, 64) * 6) for f in (torch.cos, torch.sin))
+    with torch.inference_mode():
+        want = block(x, cos, sin, None)
+        block.to(torch.bfloat16)
+        xb, cb, sb = (t.to(torch.bfloat16) for t in (x, cos, sin))
+        sdpa = block(xb, cb, sb, None)
+        block.attend = full
+        got = block(xb, cb, sb, None)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+
+    def branch_err(out):  # the block's own term (out - x): mean error over its mean size
+        return float(((out.float() - xb.float()) - (want - x)).abs().mean() / (want - x).abs().mean())
+
+    err, err_sdpa = branch_err(got), branch_err(sdpa)
+    assert err <= 1.1 * err_sdpa and err <= 0.03, (err, err_sdpa)  # measured 0.0193 both; no attention: 0.27
+
+
 def test_a_truncated_tower_runs_its_own_layers():
     """`--vision-layers N` (benchmarks): the torch module has the numpy tower's first N layers
     and gives its output (it once kept the model's full count, the missing ones unloaded)."""

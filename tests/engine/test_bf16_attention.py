@@ -4,6 +4,10 @@ The vision attention's softmax: torch's softmax of bfloat16 scores to within a b
 (almost every value the same bits), over widths that are not whole vectors, masked keys and flat rows;
 the attention by query blocks the same with it as with torch's.
 
+The vision tower's attention (not causal, an optional key mask): SDPA in float64 to bfloat16's
+rounding of the inputs and weights, closer than the products by query blocks; the same bits on 1 and
+2 threads; shapes it cannot take refused.
+
 A prompt chunk's causal attention over a bfloat16 or int8 pool: the reference attention over the
 stored keys to bfloat16's rounding of queries and weights, closer than torch's products by query
 blocks; a row's bits the same whatever the chunk it came in and the threads; shapes it cannot take
@@ -37,6 +41,10 @@ def or_skip(kernel, what: str):
 
 def softmax_or_skip() -> S.CompiledSoftmax:
     return or_skip(S.compiled_softmax(), "softmax")
+
+
+def full_or_skip() -> S.FullAttention:
+    return or_skip(S.compiled_full_attention(), "vision attention")
 
 
 def prompt_or_skip() -> S.PromptAttention:
@@ -80,6 +88,63 @@ def test_without_a_compiler_there_is_none(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
     assert S.build(tmp_path).startswith("torch's softmax (no compiler")
     assert S.build_prompt_attention(tmp_path).startswith("torch's products by query blocks (no compiler")
+    assert S.build_full_attention(tmp_path).startswith("torch's products by query blocks (no compiler")
+
+
+def vision_inputs(b: int, h: int, n: int, d: int, seed: int):
+    """q, k, v as the tower passes them: [B, H, N, D] views of [B, N, H, D] rows (not contiguous)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, h, d, generator=gen).to(torch.bfloat16).transpose(1, 2) for _ in range(3))
+    return q * 2, k, v
+
+
+@pytest.mark.parametrize("n", [1, 2, 33, 700])
+@pytest.mark.parametrize("d", [64, 128])
+def test_vision_attention_is_sdpa_to_bfloat16s_rounding(n, d):
+    """Two images, the second with its last keys masked as the tower masks a padded grid: SDPA over
+    the same bfloat16 inputs in float64, to the rounding of the queries and weights; closer than the
+    products by query blocks (which round the scores too); masked keys weigh nothing."""
+    attend = full_or_skip()
+    q, k, v = vision_inputs(2, 3, n, d, n + d)
+    mask = torch.zeros(2, 1, 1, n, dtype=torch.bfloat16)  # in the compute dtype, as the backend makes it
+    cut = max(1, n - n // 3)
+    mask[1, ..., cut:] = -30000.0
+    v[1, :, cut:] = 1000.0  # a masked key that leaked would show
+    got = attend(q, k, v, attn_mask=mask)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                            attn_mask=mask.double())
+    blocks = query_block_attention(q, k, v, attn_mask=mask, softmax=S.compiled_softmax())
+    assert got.shape == q.shape and got.dtype == torch.bfloat16
+    err, err_blocks = rel_err(got.double().numpy(), want.numpy()), rel_err(blocks.double().numpy(), want.numpy())
+    assert err <= 1e-2  # measured <= 0.4e-2
+    assert err <= err_blocks or n == 1  # one key: both are its value, rounded
+    assert float(got[1].double().abs().max()) < 10  # the masked values (1000) are not in it
+
+
+def test_vision_attention_rows_do_not_depend_on_the_threads():
+    attend = full_or_skip()
+    q, k, v = vision_inputs(1, 2, 300, 64, 5)
+    both = attend(q, k, v)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = attend(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, both)
+
+
+def test_vision_shapes_it_cannot_take_are_refused():
+    attend = full_or_skip()
+    assert attend.takes(16, 64) and attend.takes(3, 128) and not attend.takes(3, 16) and not attend.takes(3, 320)
+    q, k, v = vision_inputs(1, 2, 10, 32, 0)
+    with pytest.raises(ValueError, match="does not take 2 heads of 32"):
+        attend(q, k, v)
+    q, k, v = vision_inputs(1, 2, 10, 64, 0)
+    with pytest.raises(ValueError, match="bfloat16"):
+        attend(q.float(), k, v)
+    with pytest.raises(ValueError, match=r"mask must be additive \[B, 1, 1, N\]"):
+        attend(q, k, v, attn_mask=torch.zeros(1, 1, 10, 10, dtype=torch.bfloat16))
 
 
 def pool_with(kind: str, hkv: int, d: int, n: int, seed: int) -> tuple[KVPool, KVCache]:

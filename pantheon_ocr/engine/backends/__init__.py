@@ -105,6 +105,7 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
         from .torch_vision import TorchVisionBackend
 
         backend = TorchVisionBackend(vlm, device=device, dtype=dtype)
+        reason = f"{reason}; {backend.attention}"
     else:
         from .coreml import CoreMLVisionBackend
 
@@ -144,7 +145,7 @@ def _auto(device: str | None) -> tuple[str, str | None, str]:
         if mps_available(torch):
             return "torch", "mps", "torch sees an Apple MPS GPU"
         units = "bfloat16 units" if cpu_has_bf16() else "no bfloat16 units"
-        return "torch", "cpu", f"torch on the CPU (oneDNN matmuls, fused attention; the CPU has {units})"
+        return "torch", "cpu", f"torch on the CPU (oneDNN matmuls; the CPU has {units})"
     return "numpy", None, f"no accelerator library installed ({GPU_EXTRA} for torch, {COREML_EXTRA} on macOS)"
 
 

@@ -1,9 +1,12 @@
 """Attention kernels in bfloat16 for CPUs with AVX-512 BF16 (csrc/bf16_attention.c, which says why),
 built by native.py's outline into the user cache and called through ctypes: the vision tower's
-softmax over bfloat16 scores, in place (torch_pixtral.query_block_attention), and a prompt chunk's
-causal attention over a decoder's bfloat16 or int8 KV pool (torch_blocks.TorchBlocks.prompt_attention).
-Where the library does not build or the CPU has no AVX-512 BF16, each is None and torch's runs.
+attention (in SDPA's form, torch_vision's choice on a CPU without AMX tiles), a softmax over bfloat16
+scores in place (torch_pixtral.query_block_attention), and a prompt chunk's causal attention over a
+decoder's bfloat16 or int8 KV pool (torch_blocks.TorchBlocks.prompt_attention). Where the library does
+not build or the CPU has no AVX-512 BF16, each is None and torch's runs.
 
+    attend = compiled_full_attention()    # None, or a FullAttention
+    out = attend(q, k, v, attn_mask=m)    # bfloat16 [B, H, N, D], m additive [B, 1, 1, N] or None
     softmax = compiled_softmax()          # None, or a function of a 2-D bfloat16 tensor
     p = softmax(scores)                   # scores [rows, cols] bfloat16, overwritten with their softmax
     attend = compiled_prompt_attention()  # None, or a PromptAttention
@@ -50,6 +53,45 @@ class CompiledSoftmax:
                                    torch.get_num_threads())
         _check(rc, "softmax", f"softmax refused rows of {scores.shape[1]}")
         return scores
+
+
+class FullAttention:
+    """The library's vision attention: scaled_dot_product_attention (not causal) of bfloat16 q, k, v
+    [B, H, N, D], with an optional additive key mask [B, 1, 1, N]; each row's scores, exponentials
+    and sums in float32, its weights rounded to bfloat16 for the weighted values."""
+
+    why = ""  # load()'s line, set by _build: "the compiled <ISA> vision attention (path; threads)"
+
+    def __init__(self, path):
+        self.lib = lib = ctypes.CDLL(str(path))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.full_attention.argtypes = [p, p, p, p, i64, p, i32, i32, ctypes.c_float, i32]
+        lib.full_attention.restype = lib.prompt_attention_takes.restype = lib.softmax_takes.restype = i32
+        lib.prompt_attention_takes.argtypes = [i32, i32, i32]
+
+    def takes(self, heads: int, head_dim: int) -> bool:
+        """Whether the kernel covers heads of this size on this CPU."""
+        return bool(self.lib.prompt_attention_takes(heads, 1, head_dim))
+
+    def __call__(self, q, k, v, attn_mask=None):
+        if not (q.dtype == k.dtype == v.dtype == torch.bfloat16) or q.dim() != 4 or not q.shape == k.shape == v.shape:
+            raise ValueError(f"q, k, v must be bfloat16 [B, H, N, D] of one shape, got {q.dtype} {tuple(q.shape)}, "
+                             f"{k.dtype} {tuple(k.shape)}, {v.dtype} {tuple(v.shape)}")
+        b, h, n, d = q.shape
+        if not self.takes(h, d):
+            raise ValueError(f"the vision attention does not take {h} heads of {d}")
+        if attn_mask is not None and tuple(attn_mask.shape) != (b, 1, 1, n):
+            raise ValueError(f"the mask must be additive [B, 1, 1, N] = {[b, 1, 1, n]}, got {list(attn_mask.shape)}")
+        out = torch.empty(b, n, h, d, dtype=torch.bfloat16)  # the kernel's rows [N, H, D]: what o_proj reads
+        for i in range(b):
+            # [N, H, D]: the projections' rows as they are (a view; copied only if laid out otherwise)
+            qi, ki, vi = (t[i].transpose(0, 1).contiguous() for t in (q, k, v))
+            bias = None if attn_mask is None else attn_mask[i].reshape(n).float().contiguous()
+            rc = self.lib.full_attention(qi.data_ptr(), ki.data_ptr(), vi.data_ptr(),
+                                         None if bias is None else bias.data_ptr(), n, out[i].data_ptr(), h, d,
+                                         d ** -0.5, torch.get_num_threads())
+            _check(rc, "vision attention", f"the vision attention refused {n} rows of {h} x {d}")
+        return out.transpose(1, 2)  # [B, H, N, D], as SDPA returns it
 
 
 class PromptAttention:
@@ -113,6 +155,18 @@ def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
 def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
     """The softmax built (or found built) under cache_dir, or why there is none."""
     return _build(CompiledSoftmax, "softmax", "torch's softmax", cache_dir, cc)
+
+
+def build_full_attention(cache_dir, cc: str | None = None) -> FullAttention | str:
+    """The vision attention built (or found built) under cache_dir, or why there is none."""
+    return _build(FullAttention, "vision attention", "torch's products by query blocks", cache_dir, cc)
+
+
+@functools.cache
+def compiled_full_attention() -> FullAttention | None:
+    """This process's vision attention, built on first use in the user cache, or None."""
+    built = build_full_attention(user_cache_dir() / "kernels")
+    return None if isinstance(built, str) else built
 
 
 def build_prompt_attention(cache_dir, cc: str | None = None) -> PromptAttention | str:

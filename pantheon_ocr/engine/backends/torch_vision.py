@@ -12,9 +12,11 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
   because Q and K get the same permutation;
 - the RoPE tables are the numpy engine's (ops.rope_angles_2d), cached per grid;
 - attention is torch's scaled_dot_product_attention (not causal), with an optional key mask for
-  padded bucket grids (see buckets.py); in bfloat16 on a CPU without AMX tiles, query_block_attention
-  (the same maths as plain bfloat16 products, 2.4x faster there; with tiles SDPA is 1.9x faster),
-  its softmax the compiled one where it builds (bf16_attention.py).
+  padded bucket grids (see buckets.py); in bfloat16 on a CPU without AMX tiles, the compiled
+  attention of bf16_attention.py where it builds and takes the heads (scores in float32 per 32 query
+  rows, ~0.3 s of a full page's 2.5 s layer faster than the products by query blocks), else
+  query_block_attention (plain bfloat16 products, 2.4x faster than SDPA there; with tiles SDPA is
+  1.9x faster), its softmax the compiled one where it builds.
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
@@ -39,6 +41,7 @@ from ..format.writer import unpermute_qk
 from ..memory import release_free_memory
 from ..ops import rope_angles_2d
 from .common import check_pixels, cpu_has_amx
+from .bf16_attention import FullAttention, compiled_full_attention, compiled_softmax
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,6 +212,16 @@ class FixedGrid(nn.Module):
         return self.module.run(pixels, patch_mask, self.hb, self.wb)
 
 
+def cpu_bf16_attention(heads: int, head_dim: int):
+    """The tower's attention in bfloat16 on a CPU without AMX tiles: the compiled one where it builds and
+    takes these heads (bf16_attention.FullAttention: scores and sums in float32, never written out),
+    else torch's products by query blocks with the compiled softmax where that builds."""
+    full = compiled_full_attention()
+    if full is not None and full.takes(heads, head_dim):
+        return full
+    return functools.partial(query_block_attention, softmax=compiled_softmax())
+
+
 class TorchVisionBackend:
     """VisionBackend on a torch device: weights uploaded once at construction."""
 
@@ -225,10 +238,12 @@ class TorchVisionBackend:
         # the build read every tensor: copies need those pages no more, views fault theirs back per block
         for name in vlm.mmproj.tensors:
             vlm.mmproj.release(name)
+        self.attention = "attention: torch's fused kernel (scaled_dot_product_attention)"
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
-            from .bf16_attention import compiled_softmax
-
-            self.module.use_attention(functools.partial(query_block_attention, softmax=compiled_softmax()))
+            attend = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
+            self.module.use_attention(attend)
+            self.attention = "attention: " + (attend.why if isinstance(attend, FullAttention)
+                                              else "torch's products by query blocks")
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

@@ -12,6 +12,8 @@
  * exponential of its own (within 2 float32 ulps of expf).
  *
  * The prompt attention (torch_blocks.TorchBlocks.prompt_attention calls it): see prompt_attention.
+ * The vision tower's attention (bf16_attention.FullAttention, in place of the products by query blocks
+ * and this softmax where the heads fit): the prompt attention's items, not causal; see full_attention.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -126,24 +128,28 @@ TARGET static inline __m256i int8_to_bf16(const int8_t *p) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
 }
 
-/* one KV head's keys [n][d] as bfloat16 bits into kb, and its values as key pairs into vp:
+/* one KV head's keys and values, rows `row` apart: the keys as bfloat16 bits [n][d] into kb where
+ * kb is given (int8 keys; bfloat16 rows not one after another: the score loop's 8 keys a step would
+ * touch a page each, 1.2 against 2.0 s a full page's layer), the values as key pairs into vp:
  * vp[m][c] = (v[2m][c], v[2m+1][c]), a zero value past n */
-TARGET static void prepare_head(int kind, const void *k, const void *v, int64_t n, int d, uint16_t *kb,
+TARGET static void prepare_head(int kind, const void *k, const void *v, int64_t n, int d, int64_t row, uint16_t *kb,
                                 uint32_t *vp) {
-    if (kind == POOL_INT8)
+    if (kind == POOL_INT8 && kb)
         for (int64_t i = 0; i < n * d; i += 16)
             _mm256_storeu_si256((__m256i *)(kb + i), int8_to_bf16((const int8_t *)k + i));
+    else if (kb)
+        for (int64_t j = 0; j < n; j++) memcpy(kb + j * d, (const uint16_t *)k + j * row, sizeof(uint16_t) * d);
     for (int64_t m = 0; m < (n + 1) / 2; m++)
         for (int c = 0; c < d; c += 16) {
             __m512i a, b = _mm512_setzero_si512();
             if (kind == POOL_INT8) {
-                const int8_t *row = (const int8_t *)v + 2 * m * d + c;
-                a = _mm512_cvtepu16_epi32(int8_to_bf16(row));
-                if (2 * m + 1 < n) b = _mm512_cvtepu16_epi32(int8_to_bf16(row + d));
+                const int8_t *v0 = (const int8_t *)v + 2 * m * row + c;
+                a = _mm512_cvtepu16_epi32(int8_to_bf16(v0));
+                if (2 * m + 1 < n) b = _mm512_cvtepu16_epi32(int8_to_bf16(v0 + row));
             } else {
-                const uint16_t *row = (const uint16_t *)v + 2 * m * d + c;
-                a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)row));
-                if (2 * m + 1 < n) b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + d)));
+                const uint16_t *v0 = (const uint16_t *)v + 2 * m * row + c;
+                a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v0));
+                if (2 * m + 1 < n) b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v0 + row)));
             }
             _mm512_storeu_si512(vp + m * d + c, _mm512_or_si512(a, _mm512_slli_epi32(b, 16)));
         }
@@ -193,15 +199,19 @@ TARGET static inline void scores1(const uint16_t *k, int64_t d, const uint32_t *
 
 typedef struct {
     int kind, hkv, g, d;
+    int causal;          /* 0: every row sees all pos0 + t keys (the vision tower) */
     int64_t pos0, t;
     const uint16_t *kb;  /* [hkv][n][d] keys as bfloat16 bits */
     int64_t k_stride;    /* elements between heads' keys */
     const uint32_t *vp;  /* [hkv][(n + 1) / 2][d] value pairs */
     const uint16_t *ks, *vs; /* int8: the slot's [hkv][cap] position scales, bfloat16 bits */
     const float *kc;         /* int8: the slot's [hkv][d] channel scales */
+    const float *bias;       /* or NULL: [pos0 + t] added to every row's scores (masked keys) */
     int64_t cap;
     const float *q;      /* [t][hkv * g][d] */
     float *out;
+    const uint16_t *q16; /* or NULL: the queries as bfloat16 bits, in q's place (the vision tower) */
+    uint16_t *out16;     /* or NULL: out as bfloat16 bits (rounded to nearest even) */
     float scale;
 } Prompt;
 
@@ -212,7 +222,7 @@ typedef struct { float *s; uint32_t *p, *qt; float *o; } Scratch;
 /* one work item: KV head h, query positions t0 .. t0 + np - 1 (np * g <= ITEM_ROWS rows) */
 TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, Scratch *w) {
     const int g = a->g, d = a->d, hq = a->hkv * g, rows = (int)np * g;
-    const int64_t n = a->pos0 + t0 + np; /* keys the item's last row sees */
+    const int64_t n = a->causal ? a->pos0 + t0 + np : a->pos0 + a->t; /* keys the item's last row sees */
     const uint16_t *kb = a->kb + h * a->k_stride;
     const uint32_t *vp = a->vp + h * ((a->pos0 + a->t + 1) / 2) * (int64_t)d;
     const uint16_t *ks = a->kind == POOL_INT8 ? a->ks + h * a->cap : NULL;
@@ -222,10 +232,12 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
     for (int r = 0; r < ITEM_ROWS; r++) {
         int rr = r < rows ? r : 0;
         int64_t t = t0 + rr / g;
-        last[r] = (int32_t)(a->pos0 + t);
-        const float *qr = a->q + (t * hq + h * g + rr % g) * (int64_t)d;
+        last[r] = (int32_t)(a->causal ? a->pos0 + t : n - 1);
+        const int64_t at = (t * hq + h * g + rr % g) * (int64_t)d;
         for (int p = 0; p < d / 2; p++) {
-            float x0 = qr[2 * p] * a->scale, x1 = qr[2 * p + 1] * a->scale;
+            float x0 = a->q16 ? bf16_float(a->q16[at + 2 * p]) : a->q[at + 2 * p];
+            float x1 = a->q16 ? bf16_float(a->q16[at + 2 * p + 1]) : a->q[at + 2 * p + 1];
+            x0 *= a->scale, x1 *= a->scale;
             if (kc) x0 *= kc[2 * p], x1 *= kc[2 * p + 1];
             w->qt[p * ITEM_ROWS + r] = bf16_bits(x0) | (bf16_bits(x1) << 16);
         }
@@ -249,9 +261,15 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
                 __m512 f = _mm512_set1_ps(bf16_float(ks[j]));
                 s0 = _mm512_mul_ps(s0, f), s1 = _mm512_mul_ps(s1, f);
             }
-            __m512i jj = _mm512_set1_epi32((int32_t)j); /* a row sees key j where j <= its last */
-            s0 = _mm512_mask_mov_ps(ninf, _mm512_cmp_epi32_mask(jj, last0, _MM_CMPINT_LE), s0);
-            s1 = _mm512_mask_mov_ps(ninf, _mm512_cmp_epi32_mask(jj, last1, _MM_CMPINT_LE), s1);
+            if (a->bias) {
+                __m512 b = _mm512_set1_ps(a->bias[j]);
+                s0 = _mm512_add_ps(s0, b), s1 = _mm512_add_ps(s1, b);
+            }
+            if (a->causal) { /* a row sees key j where j <= its last */
+                __m512i jj = _mm512_set1_epi32((int32_t)j);
+                s0 = _mm512_mask_mov_ps(ninf, _mm512_cmp_epi32_mask(jj, last0, _MM_CMPINT_LE), s0);
+                s1 = _mm512_mask_mov_ps(ninf, _mm512_cmp_epi32_mask(jj, last1, _MM_CMPINT_LE), s1);
+            }
             _mm512_storeu_ps(w->s + j * ITEM_ROWS, s0);
             _mm512_storeu_ps(w->s + j * ITEM_ROWS + 16, s1);
             top0 = _mm512_max_ps(top0, s0), top1 = _mm512_max_ps(top1, s1);
@@ -310,9 +328,15 @@ TARGET static void prompt_item(const Prompt *a, int h, int64_t t0, int64_t np, S
         }
     for (int r = 0; r < rows; r++) {
         int64_t t = t0 + r / g;
-        float *dst = a->out + (t * hq + h * g + r % g) * (int64_t)d;
+        const int64_t at = (t * hq + h * g + r % g) * (int64_t)d;
         __m512 f = _mm512_set1_ps(inv[r]);
-        for (int c = 0; c < d; c += 16) _mm512_storeu_ps(dst + c, _mm512_mul_ps(_mm512_loadu_ps(w->o + r * d + c), f));
+        for (int c = 0; c < d; c += 16) {
+            __m512 y = _mm512_mul_ps(_mm512_loadu_ps(w->o + r * d + c), f);
+            if (a->out16)
+                _mm256_storeu_si256((__m256i *)(a->out16 + at + c), (__m256i)_mm512_cvtneps_pbh(y));
+            else
+                _mm512_storeu_ps(a->out + at + c, y);
+        }
     }
 }
 
@@ -321,29 +345,23 @@ int prompt_attention_takes(int hkv, int g, int d) {
     return softmax_takes() && hkv >= 1 && g >= 1 && g <= ITEM_ROWS && d % 64 == 0 && d >= 64 && d <= MAX_HEAD_DIM;
 }
 
-/* A prompt chunk's causal attention at one layer of a KV pool: queries q [t][hkv * g][d] float32 at
- * positions pos0 .. pos0 + t - 1 (their keys already stored) over positions 0 .. pos0 + t - 1 of
- * pool slot `slot` -> out [t][hkv * g][d] float32. k, v: the layer [slots][hkv][cap][d], bfloat16
- * bits (kind 0) or int8 (kind 1) with ks, vs [slots][hkv][cap] (bfloat16 bits) and kc [slots][hkv][d].
- * 0, or -1 for shapes it does not take, -2 when out of memory. */
-int prompt_attention(int kind, const void *k, const void *v, const uint16_t *ks, const uint16_t *vs, const float *kc,
-                     int64_t cap, int64_t slot, int64_t pos0, int64_t t, const float *q, float *out, int hkv, int g,
-                     int d, float scale, int threads) {
-    if (!prompt_attention_takes(hkv, g, d) || t < 1 || pos0 < 0 || pos0 + t > cap || (kind != POOL_BF16 && kind != POOL_INT8))
-        return -1;
-    const int64_t n = pos0 + t, pairs = (n + 1) / 2, size = kind == POOL_INT8 ? 1 : 2;
-    const char *k0 = (const char *)k + slot * hkv * cap * d * size, *v0 = (const char *)v + slot * hkv * cap * d * size;
+/* The work of one call: each KV head's keys and value pairs prepared, then the items (ITEM_ROWS query
+ * rows of one KV head), the latest positions first; k0, v0: values of `size` bytes, a head's rows
+ * `row` values apart and the heads `head` values apart. */
+static int run_items(Prompt *a, const char *k0, const char *v0, int64_t head, int64_t row, int size, int threads) {
+    const int kind = a->kind, hkv = a->hkv, g = a->g, d = a->d;
+    const int64_t t = a->t, n = a->pos0 + t, pairs = (n + 1) / 2;
     uint16_t *kb = NULL;
     uint32_t *vp = (uint32_t *)malloc(sizeof(uint32_t) * hkv * pairs * d);
-    if (kind == POOL_INT8) kb = (uint16_t *)malloc(sizeof(uint16_t) * hkv * n * d);
-    if (!vp || (kind == POOL_INT8 && !kb)) {
+    const int own_keys = kind == POOL_INT8 || row != d; /* keys copied into kb, one after another (see prepare_head) */
+    if (own_keys) kb = (uint16_t *)malloc(sizeof(uint16_t) * hkv * n * d);
+    if (!vp || (own_keys && !kb)) {
         free(vp), free(kb);
         return -2;
     }
-    Prompt a = {kind, hkv, g, d, pos0, t, kind == POOL_INT8 ? kb : (const uint16_t *)k0,
-                kind == POOL_INT8 ? n * d : cap * d, vp, NULL, NULL, NULL, cap, q, out, scale};
-    if (kind == POOL_INT8)
-        a.ks = ks + slot * hkv * cap, a.vs = vs + slot * hkv * cap, a.kc = kc + slot * hkv * (int64_t)d;
+    a->kb = own_keys ? kb : (const uint16_t *)k0;
+    a->k_stride = own_keys ? n * d : head;
+    a->vp = vp;
     const int per = ITEM_ROWS / g; /* positions per item */
     const int64_t blocks = (t + per - 1) / per, items = hkv * blocks;
     int nt = threads < 1 ? 1 : threads > 64 ? 64 : threads, failed = 0;
@@ -351,8 +369,8 @@ int prompt_attention(int kind, const void *k, const void *v, const uint16_t *ks,
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
     for (int h = 0; h < hkv; h++)
-        prepare_head(kind, k0 + h * cap * d * size, v0 + h * cap * d * size, n, d,
-                     kb ? kb + h * n * d : NULL, vp + h * pairs * d);
+        prepare_head(kind, k0 + h * head * size, v0 + h * head * size, n, d, row, kb ? kb + h * n * d : NULL,
+                     vp + h * pairs * d);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
@@ -374,10 +392,44 @@ int prompt_attention(int kind, const void *k, const void *v, const uint16_t *ks,
         for (int64_t i = items - 1; i >= 0; i--) { /* the latest positions, with the most keys, first */
             if (!ok) continue;
             int64_t b = i / hkv, t0 = b * per;
-            prompt_item(&a, (int)(i % hkv), t0, t0 + per <= t ? per : t - t0, &w);
+            prompt_item(a, (int)(i % hkv), t0, t0 + per <= t ? per : t - t0, &w);
         }
         free(w.s), free(w.p), free(w.qt), free(w.o);
     }
     free(vp), free(kb);
     return failed ? -2 : 0;
+}
+
+/* A prompt chunk's causal attention at one layer of a KV pool: queries q [t][hkv * g][d] float32 at
+ * positions pos0 .. pos0 + t - 1 (their keys already stored) over positions 0 .. pos0 + t - 1 of
+ * pool slot `slot` -> out [t][hkv * g][d] float32. k, v: the layer [slots][hkv][cap][d], bfloat16
+ * bits (kind 0) or int8 (kind 1) with ks, vs [slots][hkv][cap] (bfloat16 bits) and kc [slots][hkv][d].
+ * 0, or -1 for shapes it does not take, -2 when out of memory. */
+int prompt_attention(int kind, const void *k, const void *v, const uint16_t *ks, const uint16_t *vs, const float *kc,
+                     int64_t cap, int64_t slot, int64_t pos0, int64_t t, const float *q, float *out, int hkv, int g,
+                     int d, float scale, int threads) {
+    if (!prompt_attention_takes(hkv, g, d) || t < 1 || pos0 < 0 || pos0 + t > cap || (kind != POOL_BF16 && kind != POOL_INT8))
+        return -1;
+    const int size = kind == POOL_INT8 ? 1 : 2;
+    const char *k0 = (const char *)k + slot * hkv * cap * d * size, *v0 = (const char *)v + slot * hkv * cap * d * size;
+    Prompt a = {.kind = kind, .hkv = hkv, .g = g, .d = d, .causal = 1, .pos0 = pos0, .t = t, .cap = cap, .q = q,
+                .out = out, .scale = scale};
+    if (kind == POOL_INT8)
+        a.ks = ks + slot * hkv * cap, a.vs = vs + slot * hkv * cap, a.kc = kc + slot * hkv * (int64_t)d;
+    return run_items(&a, k0, v0, cap * d, d, size, threads);
+}
+
+/* The vision tower's attention, not causal: queries, keys and values q, k, v [n][heads][d] bfloat16
+ * bits (the rows of the projections, as they come), bias [n] float32 added to every row's scores (or
+ * NULL) -> out [n][heads][d] bfloat16 bits. Why: torch's products by query blocks write, soft-max and
+ * read again 16 x 9,350 x 9,350 bfloat16 scores a layer of a full page, and a product of 64-deep rows
+ * runs well below the bfloat16 units' rate; here as a prompt's items (one position a query row, so 32
+ * rows an item), the scores in float32 in the thread's cache (docs/benchmarks.md).
+ * 0, or -1 for shapes it does not take, -2 when out of memory. */
+int full_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *bias, int64_t n,
+                   uint16_t *out, int heads, int d, float scale, int threads) {
+    if (!prompt_attention_takes(heads, 1, d) || n < 1 || n > INT32_MAX - 2) return -1;
+    Prompt a = {.kind = POOL_BF16, .hkv = heads, .g = 1, .d = d, .causal = 0, .pos0 = 0, .t = n, .bias = bias,
+                .cap = n, .q16 = q, .out16 = out, .scale = scale};
+    return run_items(&a, (const char *)k, (const char *)v, d, (int64_t)heads * d, 2, threads);
 }

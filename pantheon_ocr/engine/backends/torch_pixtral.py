@@ -14,8 +14,9 @@ maths as models/pixtral.py + models/lightonocr.py:
   has the input's dtype.
 - Attention is torch's scaled_dot_product_attention, not causal, with an optional additive mask
   [B, 1, 1, N] on the keys (padded patches: right-padded training batches, padded bucket grids);
-  `use_attention` swaps in another kernel of the same signature (query_block_attention: bfloat16
-  on a CPU without AMX tiles, where SDPA's fused kernel runs no faster in bfloat16 than in float32).
+  `use_attention` swaps in another kernel of the same signature (in bfloat16 on a CPU without AMX
+  tiles, where SDPA's fused kernel runs no faster than in float32: torch_vision.cpu_bf16_attention's
+  choice, the compiled bf16_attention.FullAttention or query_block_attention below).
 - Shapes are taken from the module's config and from the h x w grid the caller passes (Python
   ints), never read off a tensor: a torch.jit trace of a fixed grid keeps them as constants.
 - Biases are absent (the released models have none) unless the weights loaded have them.

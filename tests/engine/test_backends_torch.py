@@ -180,13 +180,14 @@ def test_a_tower_with_heads_the_compiled_attention_takes_uses_it():
     from pantheon_ocr.engine.backends.torch_pixtral import query_block_attention
     from pantheon_ocr.engine.backends.torch_vision import cpu_bf16_attention
 
-    small = cpu_bf16_attention(4, 16)
+    small, which = cpu_bf16_attention(4, 16)
+    assert which == bf16_attention.BY_QUERY_BLOCKS
     assert small.func is query_block_attention and small.keywords["softmax"] is bf16_attention.compiled_softmax()
     full = bf16_attention.compiled_full_attention()
     if full is None:
-        assert cpu_bf16_attention(16, 64).func is query_block_attention
+        assert cpu_bf16_attention(16, 64)[0].func is query_block_attention
     else:
-        assert cpu_bf16_attention(16, 64) is full
+        assert cpu_bf16_attention(16, 64) == (full, full.why)
 
 
 def test_a_block_attending_with_the_compiled_kernel_is_sdpas_block():

@@ -142,7 +142,14 @@ class PromptAttention:
         return out
 
 
-def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
+BY_QUERY_BLOCKS = "torch's products by query blocks"
+# the library's kernels: what each is called, and what runs where it does not build
+KERNELS = {CompiledSoftmax: ("softmax", "torch's softmax"), FullAttention: ("vision attention", BY_QUERY_BLOCKS),
+           PromptAttention: ("prompt attention", BY_QUERY_BLOCKS)}
+
+
+def _build(make, cache_dir, cc: str | None):
+    what, otherwise = KERNELS[make]
     kernel, why = load("bf16_attention", BF16_SOURCE, make, what, otherwise, cache_dir, cc)
     if kernel is not None and not kernel.lib.softmax_takes():
         return f"{otherwise} ({NO_BF16})"
@@ -154,43 +161,45 @@ def _build(make, what: str, otherwise: str, cache_dir, cc: str | None):
 
 def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
     """The softmax built (or found built) under cache_dir, or why there is none."""
-    return _build(CompiledSoftmax, "softmax", "torch's softmax", cache_dir, cc)
+    return _build(CompiledSoftmax, cache_dir, cc)
 
 
 def build_full_attention(cache_dir, cc: str | None = None) -> FullAttention | str:
     """The vision attention built (or found built) under cache_dir, or why there is none."""
-    return _build(FullAttention, "vision attention", "torch's products by query blocks", cache_dir, cc)
-
-
-@functools.cache
-def compiled_full_attention() -> FullAttention | None:
-    """This process's vision attention, built on first use in the user cache, or None."""
-    built = build_full_attention(user_cache_dir() / "kernels")
-    return None if isinstance(built, str) else built
+    return _build(FullAttention, cache_dir, cc)
 
 
 def build_prompt_attention(cache_dir, cc: str | None = None) -> PromptAttention | str:
     """The prompt attention built (or found built) under cache_dir, or why there is none."""
-    return _build(PromptAttention, "prompt attention", "torch's products by query blocks", cache_dir, cc)
+    return _build(PromptAttention, cache_dir, cc)
 
 
 @functools.cache
-def compiled_softmax() -> CompiledSoftmax | None:
-    """This process's softmax, built on first use in the user cache, or None (torch's then runs)."""
-    built = build(user_cache_dir() / "kernels")
+def _here(make):
+    """This process's kernel `make`, built on first use in the user cache, or why there is none."""
+    return _build(make, user_cache_dir() / "kernels", None)
+
+
+def _or_none(make):
+    built = _here(make)
     return None if isinstance(built, str) else built
 
 
-@functools.cache
-def _prompt_attention() -> PromptAttention | str:
-    return build_prompt_attention(user_cache_dir() / "kernels")
+def compiled_softmax() -> CompiledSoftmax | None:
+    """This process's softmax, or None (torch's then runs)."""
+    return _or_none(CompiledSoftmax)
+
+
+def compiled_full_attention() -> FullAttention | None:
+    """This process's vision attention, or None (torch's products by query blocks then run,
+    torch_pixtral.query_block_attention)."""
+    return _or_none(FullAttention)
 
 
 def compiled_prompt_attention() -> PromptAttention | None:
-    """This process's prompt attention, built on first use in the user cache, or None (torch's products
-    by query blocks then run, torch_blocks.causal_block_attention)."""
-    built = _prompt_attention()
-    return None if isinstance(built, str) else built
+    """This process's prompt attention, or None (torch's products by query blocks then run,
+    torch_blocks.causal_block_attention)."""
+    return _or_none(PromptAttention)
 
 
 def prompt_attention_why() -> str:
@@ -198,5 +207,5 @@ def prompt_attention_why() -> str:
     (torch_blocks.TorchBlocks.prompt_attend's choice before the decoder's heads are known)."""
     if cpu_has_amx():
         return "torch's fused kernel in bfloat16 (the CPU has AMX tiles)"
-    built = _prompt_attention()
+    built = _here(PromptAttention)
     return built if isinstance(built, str) else f"{built.why}, where it takes the decoder's heads"

@@ -41,7 +41,7 @@ from ..format.writer import unpermute_qk
 from ..memory import release_free_memory
 from ..ops import rope_angles_2d
 from .common import check_pixels, cpu_has_amx
-from .bf16_attention import FullAttention, compiled_full_attention, compiled_softmax
+from .bf16_attention import BY_QUERY_BLOCKS, compiled_full_attention, compiled_softmax
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -212,14 +212,15 @@ class FixedGrid(nn.Module):
         return self.module.run(pixels, patch_mask, self.hb, self.wb)
 
 
-def cpu_bf16_attention(heads: int, head_dim: int):
-    """The tower's attention in bfloat16 on a CPU without AMX tiles: the compiled one where it builds and
-    takes these heads (bf16_attention.FullAttention: scores and sums in float32, never written out),
-    else torch's products by query blocks with the compiled softmax where that builds."""
+def cpu_bf16_attention(heads: int, head_dim: int) -> tuple:
+    """(attend, which) for the tower in bfloat16 on a CPU without AMX tiles: the compiled attention
+    where it builds and takes these heads (bf16_attention.FullAttention: scores and sums in float32,
+    never written out), else torch's products by query blocks with the compiled softmax where that
+    builds; `which` says which, in one line."""
     full = compiled_full_attention()
     if full is not None and full.takes(heads, head_dim):
-        return full
-    return functools.partial(query_block_attention, softmax=compiled_softmax())
+        return full, full.why
+    return functools.partial(query_block_attention, softmax=compiled_softmax()), BY_QUERY_BLOCKS
 
 
 class TorchVisionBackend:
@@ -240,10 +241,9 @@ class TorchVisionBackend:
             vlm.mmproj.release(name)
         self.attention = "attention: torch's fused kernel (scaled_dot_product_attention)"
         if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
-            attend = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
+            attend, which = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
             self.module.use_attention(attend)
-            self.attention = "attention: " + (attend.why if isinstance(attend, FullAttention)
-                                              else "torch's products by query blocks")
+            self.attention = f"attention: {which}"
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

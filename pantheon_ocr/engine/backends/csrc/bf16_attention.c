@@ -138,7 +138,7 @@ TARGET static inline __m256i int8_to_bf16(const int8_t *p) {
  * vp[m][c] = (v[2m][c], v[2m+1][c]), a zero value past n */
 TARGET static void prepare_head(int kind, const void *k, const void *v, int64_t n, int d, int64_t row, uint16_t *kb,
                                 uint32_t *vp) {
-    if (kind == POOL_INT8 && kb)
+    if (kind == POOL_INT8)
         for (int64_t i = 0; i < n * d; i += 16)
             _mm256_storeu_si256((__m256i *)(kb + i), int8_to_bf16((const int8_t *)k + i));
     else if (kb)

@@ -2,7 +2,8 @@
 embedding torch_blocks.Rope's to the bit and the q/k norm torch's up to float32 rounding; the SwiGLU
 torch's within a few float32 ulps; the int8 KV store cache._int8_of's to the bit; every row's bits the
 same alone, in any batch and on any thread count; a prompt through them as close to float32 as the
-torch operations'; what they cannot take refused."""
+torch operations'; what they cannot take refused. The vision tower's bfloat16 rows (norm, rotary
+embedding, SwiGLU): float64's result rounded once, never further from it than torch's bfloat16 passes."""
 
 from __future__ import annotations
 
@@ -145,3 +146,92 @@ def test_a_prompt_through_the_row_operations_is_as_close_to_float32_as_through_t
     last = len(models["rows"].decoder.layers) - 1
     k_rows, k_torch = (pools[n].load(last, 0, slice(0, len(prompt)))[0] for n in ("rows", "torch"))
     assert np.abs(k_rows - k_torch).max() <= 0.02 * np.abs(k_torch).max()
+
+
+BF16_ULP = 2.0 ** -7  # a bfloat16 ulp relative to the value (8 significant bits): rounding once is within half
+
+
+def _within_half_ulp(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """got (bfloat16) is float64's want rounded once: within half a bfloat16 ulp of it (plus float32's
+    arithmetic, far below)."""
+    return bool(torch.all((got.double() - want).abs() <= 0.5001 * BF16_ULP * want.abs() + 1e-30))
+
+
+def test_the_bf16_rows_are_float64s_rounded_once_and_closer_than_torchs():
+    from pantheon_ocr.engine.backends.torch_pixtral import RMSNorm, rope
+
+    kernel = rows_or_skip()
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(1, 70, 200, generator=gen) * 5).bfloat16()  # 200: not whole vectors of 16
+    w = torch.rand(200, generator=gen) + 0.5
+    norm = RMSNorm(200, 1e-5)
+    norm.weight.data = w
+    xd = x.double()
+    want = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + 1e-5) * w.double()
+    got = kernel.rms_norm_bf16(x, w, 1e-5)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape and _within_half_ulp(got, want)
+    assert (got == norm(x)).float().mean() > 0.99  # torch rounds its float32 result once too
+
+    h, d = 4, 64
+    q = (torch.randn(2, 70, h * d, generator=gen) * 3).bfloat16()  # a projection's rows
+    ang = torch.rand(70, d // 2, generator=gen, dtype=torch.float64) * 40
+    cos, sin = (torch.cat([f(ang), f(ang)], -1) for f in (torch.cos, torch.sin))  # [N, d] float64
+    heads = q.unflatten(-1, (h, d)).transpose(1, 2)  # [B, H, N, d] over the rows, as a block's q
+    qd = heads.double()
+    want = qd * cos + torch.cat([-qd[..., d // 2:], qd[..., : d // 2]], -1) * sin
+    by_torch = rope(heads, cos.bfloat16(), sin.bfloat16())  # the bfloat16 tables and three roundings
+    got = kernel.rope_bf16_(heads.clone().transpose(1, 2).contiguous().transpose(1, 2), cos.float(), sin.float())
+    assert got.stride() == heads.stride() and _within_half_ulp(got, want)
+    assert (got.double() - want).abs().mean() < 0.75 * (by_torch.double() - want).abs().mean()  # measured 0.61
+    assert kernel.rope_bf16_(heads, cos.float(), sin.float()) is heads and torch.equal(heads, got)  # in place
+
+    g, u = ((torch.randn(70, 300, generator=gen) * 4).bfloat16() for _ in range(2))
+    gd = g.double()
+    want = gd / (1 + torch.exp(-gd)) * u.double()
+    by_torch = F.silu(g) * u
+    got = kernel.swiglu_bf16_(g.clone(), u)
+    assert _within_half_ulp(got, want)
+    assert (got.double() - want).abs().mean() < (by_torch.double() - want).abs().mean()
+
+
+def test_the_bf16_rows_round_ties_to_even_keep_nans_and_are_the_same_on_any_thread_count():
+    kernel = rows_or_skip()
+    u = torch.arange(-2048, 2048, dtype=torch.float32).bfloat16().unique()[None]  # every 8-bit mantissa
+    g = torch.full_like(u, 120.0)  # silu(120) is 120: 120 u is exact in float32, its rounding torch's
+    got = kernel.swiglu_bf16_(g.clone(), u)
+    assert torch.equal(got, (120.0 * u.float()).bfloat16())
+    nan = kernel.swiglu_bf16_(torch.tensor([[float("nan"), 1.0]]).bfloat16(), torch.ones(1, 2).bfloat16())
+    assert nan[0, 0].isnan() and nan[0, 1] == torch.tensor(1 / (1 + np.exp(-1.0))).bfloat16()
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(100, 3 * 64, generator=gen).bfloat16()  # past the rows that take a second thread
+    w = torch.rand(3 * 64, generator=gen) + 0.5
+    cs = torch.rand(100, 64, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            heads = x.clone().unflatten(-1, (3, 64))[None].transpose(1, 2)
+            runs.append((kernel.rms_norm_bf16(x, w, 1e-6), kernel.rope_bf16_(heads, cs, cs.flip(1)),
+                         kernel.swiglu_bf16_(x.clone(), x.flip(0))))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert torch.equal(kernel.rms_norm_bf16(x[9:10], w, 1e-6), runs[0][0][9:10])
+
+
+def test_what_the_bf16_rows_cannot_take_is_refused():
+    kernel = rows_or_skip()
+    with pytest.raises(ValueError, match="bfloat16 CPU rows"):
+        kernel.rms_norm_bf16(torch.zeros(3, 16), torch.ones(16), 1e-6)
+    with pytest.raises(ValueError, match="norm weights"):
+        kernel.rms_norm_bf16(torch.zeros(3, 16).bfloat16(), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="laid out as"):
+        kernel.rope_bf16_(torch.zeros(1, 2, 5, 8).bfloat16(), torch.zeros(5, 8), torch.zeros(5, 8))  # [B, H, N, d]
+    heads = torch.zeros(1, 5, 2, 8).bfloat16().transpose(1, 2)
+    with pytest.raises(ValueError, match="rotary tables"):
+        kernel.rope_bf16_(heads, torch.zeros(4, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="differ"):
+        kernel.swiglu_bf16_(torch.zeros(3, 16).bfloat16(), torch.zeros(3, 8).bfloat16())
+    with pytest.raises(ValueError, match="one stride"):
+        kernel.swiglu_bf16_(torch.zeros(4, 6, 16).bfloat16()[:, ::2].transpose(0, 1), torch.zeros(3, 4, 16).bfloat16())

@@ -1,13 +1,18 @@
 """A prompt chunk's row operations in one pass each (csrc/rows.c, which says why and how), built by
 native.py's outline into the user cache and called through ctypes by torch_blocks.TorchBlocks for
 prompt rows: the per-head norm and rotary embedding of its queries and keys, the SwiGLU of its gate
-and up products, and an int8 KV pool's store of its keys and values. Where the library does not
-build or has no AVX-512, `compiled_rows()` is None and torch's and numpy's operations run.
+and up products, and an int8 KV pool's store of its keys and values; and by the vision tower's blocks
+in bfloat16 on the CPU (torch_pixtral.PixtralVision.use_rows): their norms, rotary embedding and
+SwiGLU on bfloat16 rows, float32 arithmetic rounded once. Where the library does not build or has no
+AVX-512, `compiled_rows()` is None and torch's and numpy's operations run.
 
     rows = compiled_rows()                                   # None, or a Rows
     q = rows.norm_rope(x, heads, d, w, eps, cos, sin, neox)  # x [T, heads * d] float32 torch -> [T, heads, d]
     y = rows.swiglu(gate_up)                                 # [M, 2F] -> silu(gate) * up [M, F]
     q, bits = rows.int8_of(x, divisor)                       # cache._int8_of(x / divisor), numpy [H, T, D]
+    y = rows.rms_norm_bf16(x, w, eps)                        # bfloat16 rows [..., n] -> [..., n]
+    q = rows.rope_bf16_(q, cos, sin)                         # in place: [B, H, N, d] over [B, N, H, d] rows
+    g = rows.swiglu_bf16_(g, u)                              # in place: g = silu(g) * u
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class Rows:
         lib.norm_rope_heads.restype = i32
         lib.swiglu_rows.argtypes, lib.swiglu_rows.restype = [p, i64, i64, i64, p, i32], i32
         lib.int8_rows.argtypes, lib.int8_rows.restype = [p, i64, i64, i64, i64, i64, p, p, p, i32], i32
+        lib.rms_norm_bf16.argtypes, lib.rms_norm_bf16.restype = [p, i64, i64, i64, p, f32, p, i64, i32], i32
+        lib.rope_bf16.argtypes, lib.rope_bf16.restype = [p, i64, i64, i64, i64, p, p, i32], i32
+        lib.swiglu_bf16.argtypes, lib.swiglu_bf16.restype = [p, p, i64, i64, i64, i64, i32], i32
 
     @staticmethod
     def _rows(x, width: int, what: str) -> None:
@@ -68,6 +76,57 @@ class Rows:
         rc = self.lib.swiglu_rows(gate_up.data_ptr(), gate_up.shape[0], f, gate_up.stride(0), y.data_ptr(),
                                   torch.get_num_threads())
         return _checked(rc, y, "swiglu")
+
+    @staticmethod
+    def _bf16_rows(x, what: str):
+        """x [..., n] bfloat16 with contiguous columns on the CPU as [rows, n] (a view), or a ValueError."""
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.stride(-1) != 1:
+            raise ValueError(f"{what} takes bfloat16 CPU rows with contiguous columns, got {x.dtype} on {x.device} "
+                             f"strides {x.stride()}")
+        try:
+            return x.view(-1, x.shape[-1])  # the leading dimensions as one row stride
+        except RuntimeError:
+            raise ValueError(f"{what} takes rows at one stride, got strides {x.stride()}") from None
+
+    def rms_norm_bf16(self, x, w, eps: float):
+        """RMSNorm of bfloat16 rows x [..., n] with w [n]: float32 statistics and arithmetic, rounded once
+        -> bfloat16 [..., n] (torch_pixtral.RMSNorm's maths)."""
+        rows = self._bf16_rows(x, "rms_norm_bf16")
+        w = w.detach().contiguous().float()
+        if w.shape != (rows.shape[1],):
+            raise ValueError(f"norm weights {tuple(w.shape)} do not fit rows of {rows.shape[1]}")
+        y = torch.empty(rows.shape, dtype=torch.bfloat16)
+        rc = self.lib.rms_norm_bf16(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), w.data_ptr(),
+                                    float(eps), y.data_ptr(), y.stride(0), torch.get_num_threads())
+        return _checked(rc, y.view(x.shape), "rms_norm_bf16")
+
+    def rope_bf16_(self, x, cos, sin):
+        """In place: x [B, H, N, d] bfloat16, laid out as rows of the heads ([B, N, H, d], the projection's
+        output viewed by head), turned by the split-half rotation of cos, sin [N, d] (torch_pixtral.rope's
+        tables: the d / 2 angles twice) in float32, rounded once; returns x."""
+        b, h, n, d = x.shape
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.stride(3) != 1 or x.stride(1) != d
+                or x.stride(2) != h * d):
+            raise ValueError(f"rope_bf16_ takes bfloat16 CPU heads laid out as [B, N, H, d], got {x.dtype} "
+                             f"{tuple(x.shape)} strides {x.stride()}")
+        if cos.shape != (n, d) or sin.shape != (n, d):
+            raise ValueError(f"rotary tables {tuple(cos.shape)} do not fit {n} rows of heads of {d}")
+        c, s = (t[:, : d // 2].float().contiguous() for t in (cos, sin))  # [N, d / 2]
+        for i in range(b):
+            rc = self.lib.rope_bf16(x[i].data_ptr(), n, h, d, h * d, c.data_ptr(), s.data_ptr(),
+                                    torch.get_num_threads())
+            _checked(rc, None, "rope_bf16_")
+        return x
+
+    def swiglu_bf16_(self, g, u):
+        """In place: g = silu(g) * u for bfloat16 rows g, u [..., F] (float32 arithmetic, rounded once);
+        returns g."""
+        gr, ur = self._bf16_rows(g, "swiglu_bf16_"), self._bf16_rows(u, "swiglu_bf16_")
+        if gr.shape != ur.shape:
+            raise ValueError(f"gate {tuple(g.shape)} and up {tuple(u.shape)} differ")
+        rc = self.lib.swiglu_bf16(gr.data_ptr(), ur.data_ptr(), gr.shape[0], gr.shape[1], gr.stride(0), ur.stride(0),
+                                  torch.get_num_threads())
+        return _checked(rc, g, "swiglu_bf16_")
 
     def int8_of(self, x: np.ndarray, divisor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """cache._int8_of(x / divisor) to the bit: x [H, T, D] float32 (any strides but contiguous

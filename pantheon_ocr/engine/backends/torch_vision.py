@@ -16,7 +16,9 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
   attention of bf16_attention.py where it builds and takes the heads (scores in float32 per 32 query
   rows, ~0.3 s of a full page's 2.5 s layer faster than the products by query blocks), else
   query_block_attention (plain bfloat16 products, 2.4x faster than SDPA there; with tiles SDPA is
-  1.9x faster), its softmax the compiled one where it builds.
+  1.9x faster), its softmax the compiled one where it builds;
+- in bfloat16 on the CPU the norms, the rotary embedding and the SwiGLU are the compiled row
+  operations of rows.py where they build (PixtralVision.use_rows; the rope tables float32 then).
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
@@ -41,6 +43,7 @@ from ..format.writer import unpermute_qk
 from ..memory import release_free_memory
 from ..ops import rope_angles_2d
 from .common import check_pixels, cpu_has_amx
+from .rows import compiled_rows, rows_why
 from .bf16_attention import BY_QUERY_BLOCKS, compiled_full_attention, compiled_softmax
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
 
@@ -116,6 +119,7 @@ class LightOnOCRVision(PixtralVision):
             super().__init__(c.n_embd, len(vision.layers), c.n_head, c.n_ff, c.patch_size, float(c.eps), c.rope_base)
             self.projector = Projector(c.n_embd, c.projection_dim, projector.merge, float(projector.eps))
         self.cfg, self.dtype, self.gguf = c, dtype, mapped_from
+        self.table_dtype = dtype  # the rope tables': float32 under use_rows
         f32, p = torch.float32, c.patch_size
         qk_rows = torch.from_numpy(unpermute_qk(np.arange(c.n_embd)[:, None], c.n_head)[:, 0].copy())
 
@@ -168,9 +172,16 @@ class LightOnOCRVision(PixtralVision):
 
         module.register_forward_hook(drop)
 
+    def use_rows(self, rows) -> None:
+        super().use_rows(rows)
+        self.ln_pre.rows = rows
+        with self._rope_lock:
+            self.table_dtype = torch.float32
+            self._rope.clear()
+
     def rope(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [h*w, head_dim] for an h x w grid in the compute dtype: the numpy engine's
-        tables (cached per grid and device, a few grids)."""
+        """cos, sin [h*w, head_dim] for an h x w grid in the compute dtype (float32 under use_rows):
+        the numpy engine's tables (cached per grid and device, a few grids)."""
         key = (h, w, str(device))
         with self._rope_lock:
             hit = self._rope.get(key)
@@ -179,7 +190,7 @@ class LightOnOCRVision(PixtralVision):
                 return hit
         rows, cols = np.divmod(np.arange(h * w), w)
         cos, sin = rope_angles_2d(rows, cols, self.cfg.head_dim, self.cfg.rope_base)  # [N, d/2] float32
-        pair = tuple(torch.from_numpy(np.concatenate([a, a], axis=1)).to(device=device, dtype=self.dtype)
+        pair = tuple(torch.from_numpy(np.concatenate([a, a], axis=1)).to(device=device, dtype=self.table_dtype)
                      for a in (cos, sin))
         with self._rope_lock:
             self._rope[key] = pair
@@ -244,6 +255,11 @@ class TorchVisionBackend:
             attend, which = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
             self.module.use_attention(attend)
             self.attention = f"attention: {which}"
+        if device == "cpu" and dtype == "bfloat16":
+            rows = compiled_rows()
+            self.attention += f"; norms, rotary embedding and SwiGLU: {rows_why()}"
+            if rows is not None:
+                self.module.use_rows(rows)
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

@@ -118,7 +118,7 @@ class SwiGLU(nn.Module):
         """forward() FFN_ROWS rows at a time, silu(gate) * up in one pass into the gate's rows. Why: the
         [rows, ff] products stay in the cache for the down product, where a full page's [9,350, 4,096]
         went out to memory and back: its FFN 0.56-0.58 against 0.61-0.64 s a layer (2 threads, AVX-512
-        BF16 EPYC), and ~150 MB less at the peak."""
+        BF16 EPYC); with the SwiGLU in place, a page's vision peaks ~270 MB lower."""
         rows = x.reshape(-1, x.shape[-1])  # [M, D]
         out = torch.empty_like(rows)  # down_proj maps back to D
         for s in range(0, rows.shape[0], FFN_ROWS):
@@ -184,8 +184,8 @@ class PixtralVision(nn.Module):
     def use_rows(self, rows) -> None:
         """Every block's norms, rotary embedding and SwiGLU as one pass each of the compiled bfloat16 row
         operations `rows` (rows.Rows: float32 arithmetic rounded once, where torch rounds each of its 3 to
-        6 passes); the rotation is in place. The rope tables must be float32 then (their precision, not
-        bfloat16's)."""
+        6 passes); the rotation is in place and reads its tables in float32 (LightOnOCRVision then makes
+        them float32, not the compute dtype)."""
         for layer in self.layers:
             layer.attention_norm.rows = layer.ffn_norm.rows = layer.feed_forward.rows = rows
             layer.rotate = rows.rope_bf16_
@@ -196,9 +196,9 @@ class PixtralVision(nn.Module):
 
     def embed(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [B, 3, h*p, w*p] -> normed patch embeddings [B, h*w, D], row-major patches."""
-        patches = F.unfold(pixels, self.patch, stride=self.patch).transpose(1, 2)  # [B, N, 3 p p], conv weight order
-        # patch_conv as one product over the patches: in bfloat16 on a CPU, torch's convolution took 0.24-0.28 s
-        # of a full page against 0.04 s (2 threads, AVX-512 BF16 EPYC)
+        patches = F.unfold(pixels, self.patch, stride=self.patch).transpose(1, 2)  # [B, N, 3 p p], weight order
+        # patch_conv as one product over the patches: in bfloat16 on a CPU, torch's convolution took
+        # 0.24-0.28 s of a full page against 0.04 s (2 threads, AVX-512 BF16 EPYC)
         return self.ln_pre(F.linear(patches, self.patch_conv.weight.flatten(1), self.patch_conv.bias))
 
     def rope(self, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -174,8 +174,7 @@ class LightOnOCRVision(PixtralVision):
 
     def use_rows(self, rows) -> None:
         super().use_rows(rows)
-        self.ln_pre.rows = rows
-        with self._rope_lock:
+        with self._rope_lock:  # the rotation reads float32 tables: build them so from now on
             self.table_dtype = torch.float32
             self._rope.clear()
 

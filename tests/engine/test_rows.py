@@ -184,6 +184,9 @@ def test_the_bf16_rows_are_float64s_rounded_once_and_closer_than_torchs():
     assert got.stride() == heads.stride() and _within_half_ulp(got, want)
     assert (got.double() - want).abs().mean() < 0.75 * (by_torch.double() - want).abs().mean()  # measured 0.61
     assert kernel.rope_bf16_(heads, cos.float(), sin.float()) is heads and torch.equal(heads, got)  # in place
+    cb, sb = cos.bfloat16(), sin.bfloat16()  # other tables are converted: the same as converted beforehand
+    assert torch.equal(kernel.rope_bf16_(q.clone().unflatten(-1, (h, d)).transpose(1, 2), cb, sb),
+                       kernel.rope_bf16_(q.clone().unflatten(-1, (h, d)).transpose(1, 2), cb.float(), sb.float()))
 
     g, u = ((torch.randn(70, 300, generator=gen) * 4).bfloat16() for _ in range(2))
     gd = g.double()

@@ -105,7 +105,7 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
         from .torch_vision import TorchVisionBackend
 
         backend = TorchVisionBackend(vlm, device=device, dtype=dtype)
-        reason = f"{reason}; {backend.attention}"
+        reason = f"{reason}; {backend.kernels}"
     else:
         from .coreml import CoreMLVisionBackend
 

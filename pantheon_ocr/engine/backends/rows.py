@@ -42,7 +42,7 @@ class Rows:
         lib.swiglu_rows.argtypes, lib.swiglu_rows.restype = [p, i64, i64, i64, p, i32], i32
         lib.int8_rows.argtypes, lib.int8_rows.restype = [p, i64, i64, i64, i64, i64, p, p, p, i32], i32
         lib.rms_norm_bf16.argtypes, lib.rms_norm_bf16.restype = [p, i64, i64, i64, p, f32, p, i64, i32], i32
-        lib.rope_bf16.argtypes, lib.rope_bf16.restype = [p, i64, i64, i64, i64, p, p, i32], i32
+        lib.rope_bf16.argtypes, lib.rope_bf16.restype = [p, i64, i64, i64, i64, p, p, i64, i32], i32
         lib.swiglu_bf16.argtypes, lib.swiglu_bf16.restype = [p, p, i64, i64, i64, i64, i32], i32
 
     @staticmethod
@@ -111,9 +111,12 @@ class Rows:
                              f"{tuple(x.shape)} strides {x.stride()}")
         if cos.shape != (n, d) or sin.shape != (n, d):
             raise ValueError(f"rotary tables {tuple(cos.shape)} do not fit {n} rows of heads of {d}")
-        c, s = (t[:, : d // 2].float().contiguous() for t in (cos, sin))  # [N, d / 2]
+        # read in place (the first d / 2 of each row) where both are float32 rows at one stride, as
+        # LightOnOCRVision's are under use_rows for every layer's q and k; else converted once a call
+        if not (cos.dtype == sin.dtype == torch.float32 and cos.stride() == sin.stride() and cos.stride(1) == 1):
+            cos, sin = cos.float().contiguous(), sin.float().contiguous()
         for i in range(b):
-            rc = self.lib.rope_bf16(x[i].data_ptr(), n, h, d, h * d, c.data_ptr(), s.data_ptr(),
+            rc = self.lib.rope_bf16(x[i].data_ptr(), n, h, d, h * d, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
                                     torch.get_num_threads())
             _checked(rc, None, "rope_bf16_")
         return x

@@ -182,10 +182,10 @@ class PixtralVision(nn.Module):
             layer.attend = attend
 
     def use_rows(self, rows) -> None:
-        """ln_pre and every block's norms, rotary embedding and SwiGLU as one pass each of the compiled bfloat16 row
-        operations `rows` (rows.Rows: float32 arithmetic rounded once, where torch rounds each of its 3 to
-        6 passes); the rotation is in place and reads its tables in float32 (LightOnOCRVision then makes
-        them float32, not the compute dtype)."""
+        """ln_pre and every block's norms, rotary embedding and SwiGLU as one pass each of the compiled
+        bfloat16 row operations `rows` (rows.Rows: float32 arithmetic rounded once, where torch rounds
+        each of its 3 to 6 passes); the rotation is in place and reads its tables in float32
+        (LightOnOCRVision then makes them float32, not the compute dtype)."""
         self.ln_pre.rows = rows
         for layer in self.layers:
             layer.attention_norm.rows = layer.ffn_norm.rows = layer.feed_forward.rows = rows

@@ -249,14 +249,14 @@ class TorchVisionBackend:
         # the build read every tensor: copies need those pages no more, views fault theirs back per block
         for name in vlm.mmproj.tensors:
             vlm.mmproj.release(name)
-        self.attention = "attention: torch's fused kernel (scaled_dot_product_attention)"
-        if device == "cpu" and dtype == "bfloat16" and not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
-            attend, which = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
-            self.module.use_attention(attend)
-            self.attention = f"attention: {which}"
+        self.kernels = "attention: torch's fused kernel (scaled_dot_product_attention)"  # the -v line's part
         if device == "cpu" and dtype == "bfloat16":
+            if not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
+                attend, which = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
+                self.module.use_attention(attend)
+                self.kernels = f"attention: {which}"
             rows = compiled_rows()
-            self.attention += f"; norms, rotary embedding and SwiGLU: {rows_why()}"
+            self.kernels += f"; norms, rotary embedding and SwiGLU: {rows_why()}"
             if rows is not None:
                 self.module.use_rows(rows)
 

@@ -64,6 +64,11 @@ static inline void scale_row(const float *x, int64_t n, float r, const float *w,
     }
 }
 
+/* silu(g) = g / (1 + e^-g) of 16 floats (the SwiGLUs' gate) */
+static inline __m512 silu16(__m512 g) {
+    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
 /* One head of d in place: pairs (i, i + d / 2) (neox) or (2i, 2i + 1) turned by the angles c, s [d / 2] */
 static inline void rope_head(float *x, int64_t d, const float *c, const float *s, int neox) {
     int64_t r = d / 2;
@@ -143,9 +148,7 @@ int swiglu_rows(const float *gu, int64_t m, int64_t n, int64_t ld, float *y, int
         const float *g = gu + i * ld, *u = g + n;
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 k = tail(n, c);
-            __m512 gv = _mm512_maskz_loadu_ps(k, g + c);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            __m512 silu = silu16(_mm512_maskz_loadu_ps(k, g + c));
             _mm512_mask_storeu_ps(y + i * n + c, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + c)));
         }
     }
@@ -233,9 +236,9 @@ int rms_norm_bf16(const uint16_t *x, int64_t m, int64_t n, int64_t ldx, const fl
 }
 
 /* In place: the h heads of d of each row of x [t, h * d] (row stride ldx) turned by that row's rotary
- * angles cos, sin [t, d / 2] (float32), split-half pairs (i, i + d / 2) */
+ * angles: the first d / 2 of cos, sin [t] rows (float32, row stride ldc), split-half pairs (i, i + d / 2) */
 int rope_bf16(uint16_t *x, int64_t t, int64_t h, int64_t d, int64_t ldx, const float *cos, const float *sin,
-              int threads) {
+              int64_t ldc, int threads) {
 #ifdef __AVX512F__
     if (d % 2) return -1;
     int64_t r = d / 2;
@@ -248,14 +251,14 @@ int rope_bf16(uint16_t *x, int64_t t, int64_t h, int64_t d, int64_t ldx, const f
             for (int64_t c = 0; c < r; c += 16) {
                 __mmask16 k = tail(r, c);
                 __m512 x0 = load_bf16(head + c, k), x1 = load_bf16(head + r + c, k);
-                __m512 cv = _mm512_maskz_loadu_ps(k, cos + i * r + c), sv = _mm512_maskz_loadu_ps(k, sin + i * r + c);
+                __m512 cv = _mm512_maskz_loadu_ps(k, cos + i * ldc + c), sv = _mm512_maskz_loadu_ps(k, sin + i * ldc + c);
                 store_bf16(head + c, k, _mm512_sub_ps(_mm512_mul_ps(x0, cv), _mm512_mul_ps(x1, sv)));
                 store_bf16(head + r + c, k, _mm512_add_ps(_mm512_mul_ps(x1, cv), _mm512_mul_ps(x0, sv)));
             }
         }
     return 0;
 #else
-    (void)x, (void)t, (void)h, (void)d, (void)ldx, (void)cos, (void)sin, (void)threads;
+    (void)x, (void)t, (void)h, (void)d, (void)ldx, (void)cos, (void)sin, (void)ldc, (void)threads;
     return -1;
 #endif
 }
@@ -269,9 +272,7 @@ int swiglu_bf16(uint16_t *g, const uint16_t *u, int64_t m, int64_t n, int64_t ld
     for (int64_t i = 0; i < m; i++)
         for (int64_t c = 0; c < n; c += 16) {
             __mmask16 k = tail(n, c);
-            __m512 gv = load_bf16(g + i * ldg + c, k);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            __m512 silu = silu16(load_bf16(g + i * ldg + c, k));
             store_bf16(g + i * ldg + c, k, _mm512_mul_ps(silu, load_bf16(u + i * ldu + c, k)));
         }
     return 0;

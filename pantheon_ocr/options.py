@@ -179,8 +179,9 @@ class EngineOptions:
     device: str | None = option(None, "torch device for --vision-backend torch/auto and the --gpu-* switches "
                                       "(cpu, cuda, cuda:N, mps).", kind="str")
     vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "
-                                       "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units, "
-                                       "else float32.", choices=VISION_DTYPES)
+                                       "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units "
+                                       "and CUDA GPUs with bfloat16 tensor cores, else float32.",
+                               choices=VISION_DTYPES)
     kv_dtype: str = option("auto", "KV cache type: bfloat16 or float16 halves float32's memory, int8 (a scale per "
                                    "position and head) quarters it; auto: with bf16 or int8 weights int8 where the "
                                    "compiled decode attention builds, else bfloat16; float32 with other weights.",

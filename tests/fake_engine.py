@@ -141,10 +141,12 @@ class FakeEngine(WholePrompt):
         step_sleep: float = 0.0,
         on_step: Callable[[int], None] | None = None,
         overlaps: bool = True,
+        vision_device: str = "cpu",
     ):
         self.longest_edge = longest_edge
         self.hints = page_hints(longest_edge, 14)
         self.overlaps = overlaps  # what the engine says of overlap (PipelineOptions.overlap None)
+        self.vision_device = vision_device  # "cpu": the overlapping stages share the cores
         self.n_tokens = n_tokens
         self.fail_vision, self.fail_prefill, self.loops = fail_vision, fail_prefill, loops
         self.loop_limit = loop_limit

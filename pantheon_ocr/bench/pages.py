@@ -4,7 +4,8 @@ process, configurations side by side.
 
 Result shape (JSON, one entry per configuration; the archive HTML report can show it):
 
-    [{"config":  {"name", "batch_size", "weights", "flash", "overlap", "threads", "max_tokens",
+    [{"config":  {"name", "batch_size", "weights", "flash", "overlap", "threads", "vision_backend", "kv_dtype",
+                  "prefill_chunk", "device", "vision_dtype", "gpu_prefill", "gpu_decode", "max_tokens",
                   "ignore_eos", "longest_edge", "vision_layers", "text_layers", "model", "mmproj"},
       "pages":   [{"doc", "page", "n_tokens", "finish_reason", "error",
                    "seconds": {"render", "vision", "prefill", "decode"}, "decode_tok_s"}, ...],
@@ -58,13 +59,19 @@ class PageConfig:
     vision_backend: str = _default(EngineOptions, "vision_backend")
     kv_dtype: str = _default(EngineOptions, "kv_dtype")  # the KV pool's dtype (auto: by the weights)
     prefill_chunk: int = _default(EngineOptions, "prefill_chunk")  # prompt tokens per prefill step
+    device: str | None = _default(EngineOptions, "device")  # torch device (None: the best one torch sees)
+    vision_dtype: str = _default(EngineOptions, "vision_dtype")
+    gpu_prefill: bool = _default(EngineOptions, "gpu_prefill")
+    gpu_decode: bool = _default(EngineOptions, "gpu_decode")
 
     @property
     def name(self) -> str:
         th = "" if self.threads is None else f" t{self.threads}"
-        extra = "".join([f" vis={self.vision_backend}" if self.vision_backend != _default(EngineOptions, "vision_backend") else "",
-                         f" kv={self.kv_dtype}" if self.kv_dtype != _default(EngineOptions, "kv_dtype") else "",
-                         f" chunk={self.prefill_chunk}" if self.prefill_chunk != _default(EngineOptions, "prefill_chunk") else ""])
+        shown = ("vision_backend", "device", "vision_dtype", "kv_dtype", "prefill_chunk", "gpu_prefill", "gpu_decode")
+        changed = {f: getattr(self, f) for f in shown if getattr(self, f) != _default(EngineOptions, f)}
+        short = {"vision_backend": "vis", "vision_dtype": "vdtype", "kv_dtype": "kv", "prefill_chunk": "chunk",
+                 "gpu_prefill": "gpu-prefill", "gpu_decode": "gpu-decode"}
+        extra = "".join(f" {short.get(f, f)}" + ("" if v is True else f"={v}") for f, v in changed.items())
         return (f"B={self.batch_size} {self.weights} flash={'on' if self.flash else 'off'} "
                 f"overlap={OVERLAP_WORDS[self.overlap]}{th}{extra}")
 
@@ -85,10 +92,13 @@ class PageBenchOptions:
 
 def expand_configs(batch_sizes=(PageConfig.batch_size,), weights=(PageConfig.weights,), flash=(PageConfig.flash,),
                    overlap=(PageConfig.overlap,), threads=(PageConfig.threads,), vision_backend=PageConfig.vision_backend,
-                   kv_dtype=PageConfig.kv_dtype, prefill_chunk=PageConfig.prefill_chunk) -> list[PageConfig]:
+                   kv_dtype=PageConfig.kv_dtype, prefill_chunk=PageConfig.prefill_chunk, device=PageConfig.device,
+                   vision_dtype=(PageConfig.vision_dtype,), gpu_prefill=(PageConfig.gpu_prefill,),
+                   gpu_decode=(PageConfig.gpu_decode,)) -> list[PageConfig]:
     """Every combination, in a stable order (batch size varies fastest)."""
-    return [PageConfig(b, w, f, o, t, vision_backend, kv_dtype, prefill_chunk)
-            for t, w, f, o, b in itertools.product(threads, weights, flash, overlap, batch_sizes)]
+    return [PageConfig(b, w, f, o, t, vision_backend, kv_dtype, prefill_chunk, device, vd, gp, gd)
+            for t, w, vd, gp, gd, f, o, b in itertools.product(threads, weights, vision_dtype, gpu_prefill, gpu_decode,
+                                                                flash, overlap, batch_sizes)]
 
 
 # --------------------------------------------------------------------- one configuration
@@ -103,6 +113,7 @@ class TimedEngine:
         self.longest_edge = inner.longest_edge
         self.hints = inner.hints  # how the model cuts pages
         self.overlaps = inner.overlaps
+        self.vision_device = inner.vision_device
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
         self.decode_tokens = 0
         self.decode_steps = 0
@@ -160,7 +171,9 @@ def build_engine(opts: PageBenchOptions, config: PageConfig):
     engine, _ = load_page_engine(EngineOptions(
         opts.model, opts.mmproj, weights=config.weights, vision_layers=opts.vision_layers,
         text_layers=opts.text_layers, attention="flash" if config.flash else "naive", ignore_eos=opts.ignore_eos,
-        vision_backend=config.vision_backend, kv_dtype=config.kv_dtype, prefill_chunk=config.prefill_chunk))
+        vision_backend=config.vision_backend, kv_dtype=config.kv_dtype, prefill_chunk=config.prefill_chunk,
+        device=config.device, vision_dtype=config.vision_dtype, gpu_prefill=config.gpu_prefill,
+        gpu_decode=config.gpu_decode))
     return engine, time.perf_counter() - t0
 
 

@@ -137,11 +137,12 @@ def _estimate(total: float, layer_times: list[float], n_run: int, n_full: int) -
 
 def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, repeats: int = 1,
                  page: str = "letter", longest_edge: int | None = None, seed: int = 0, backend: str = "numpy",
-                 model: str | None = None) -> dict:
+                 model: str | None = None, device: str | None = None, dtype: str = "auto") -> dict:
     """Vision encoder + projector on one synthetic page: seconds per page (median of repeats).
     backend: "numpy" (the engine's tower in `storage`) or one that make_vision_backend builds
-    for the pair (model, mmproj): torch, Core ML, auto. Layer times come from the towers' own
-    hooks (TowerOptions.on_layer; torch's forward hooks on its blocks), nothing is patched."""
+    for the pair (model, mmproj) on `device` in `dtype` (EngineOptions.device / vision_dtype):
+    torch, Core ML, auto. Layer times come from the towers' own hooks (TowerOptions.on_layer;
+    torch's forward hooks on its blocks, the device synchronized), nothing is patched."""
     from ..engine.format.gguf import open_gguf
     from ..engine.image.preprocess import preprocess
     from ..engine.models.pixtral import vision_config
@@ -149,7 +150,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
     t0 = time.perf_counter()
     vc = vision_config(open_gguf(mmproj))
     layer_times: list[float] = []
-    encode, n_run, name = _vision_encoder(mmproj, storage, layers, layer_times, backend, model)
+    encode, n_run, name = _vision_encoder(mmproj, storage, layers, layer_times, backend, model, device, dtype)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     n_full = vc.n_layer
@@ -168,7 +169,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
         proj_runs.append(t_proj)
         estimates.append(_estimate(total - t_proj, layer_times, n_run, n_full) + t_proj if layer_times else total)
     return {
-        "stage": "vision", "storage": storage, "backend": name, "mmproj": str(mmproj),
+        "stage": "vision", "storage": storage, "backend": name, "device": device, "mmproj": str(mmproj),
         "image": f"{pixels.shape[2]}x{pixels.shape[1]}", "patches": int(grid[0] * grid[1]),
         "image_tokens": int(feats.shape[0]), "layers_run": n_run, "layers_full": n_full,
         "estimated": n_run < n_full, "repeats": repeats,
@@ -179,7 +180,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
 
 
 def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: list[float], backend: str,
-                    model: str | None):
+                    model: str | None, device: str | None = None, dtype: str = "auto"):
     """(encode(pixels) -> (features, grid, projector seconds), layers built, the backend's name)."""
     from ..engine.backends import make_vision_backend, plan_vision_backend
     from ..engine.format.gguf import open_gguf
@@ -187,7 +188,7 @@ def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: 
     from ..engine.models.lightonocr import Projector
     from ..engine.models.pixtral import PixtralVision, vision_config
 
-    if plan_vision_backend(backend, None, "auto")[0] == "numpy":
+    if plan_vision_backend(backend, device, dtype)[0] == "numpy":
         gf = open_gguf(mmproj)
         vc = vision_config(gf)
         vision = PixtralVision(gf, vc, storage, _tower(layers, layer_times))
@@ -207,11 +208,12 @@ def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: 
         raise ValueError(f"the {backend} vision backend is built for a model pair: give the text GGUF too")
     # Another backend keeps its own weights: the numpy towers only map the files (as load_page_engine).
     vlm = load_vlm(model, mmproj, weights="quantized", vision_weights="quantized", vision_tower=_tower(layers, []))
-    be = make_vision_backend(backend, vlm, dtype="auto")
+    be = make_vision_backend(backend, vlm, device=device, dtype=dtype)
     projector_s: list[float] = []
     if isinstance(be, TorchVisionBackend):  # its blocks and projector timed by torch's forward hooks
-        _time_modules(be.module.layers, layer_times)
-        _time_modules([be.module.projector], projector_s)
+        sync = _synchronize(be.device)
+        _time_modules(be.module.layers, layer_times, sync)
+        _time_modules([be.module.projector], projector_s, sync)
     elif layers is not None:
         raise ValueError(f"the {be.name} vision backend has no layer times to estimate full depth from: "
                          "run all its layers")
@@ -222,15 +224,34 @@ def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: 
         feats = be.encode(pixels)
         return feats, (pixels.shape[1] // patch, pixels.shape[2] // patch), sum(projector_s[before:])
 
-    return encode, len(vlm.vision.layers), f"{be.name}/{be.dtype}"
+    on = "" if be.device in (None, "cpu") else f"@{be.device}"
+    return encode, len(vlm.vision.layers), f"{be.name}{on}/{be.dtype}"
 
 
-def _time_modules(modules, times: list[float]) -> None:
-    """Append each run's seconds of every module to `times` (torch forward hooks)."""
+def _synchronize(device: str):
+    """A call that waits for the device's queued work: a GPU runs a module after its Python call
+    returns, so a timer read without it would time the launches."""
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if kind == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def _time_modules(modules, times: list[float], sync=lambda: None) -> None:
+    """Append each run's seconds of every module to `times` (torch forward hooks; `sync` waits
+    for the device before each reading)."""
+    def stamp() -> float:
+        sync()
+        return time.perf_counter()
+
     for m in modules:
         start: list[float] = []
-        m.register_forward_pre_hook(lambda *_, start=start: start.append(time.perf_counter()))
-        m.register_forward_hook(lambda *_, start=start: times.append(time.perf_counter() - start.pop()))
+        m.register_forward_pre_hook(lambda *_, start=start: start.append(stamp()))
+        m.register_forward_hook(lambda *_, start=start: times.append(stamp() - start.pop()))
 
 
 def bench_prefill(model: str, storage: str = "f32", flash: bool = True, layers: int | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from ..options import (OVERLAP_WORDS, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
+from ..options import (OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
 from .options import table_options
 
@@ -103,6 +103,9 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for this model here.")
 @click.option("--vision-backend", "vision_backends", default=spec(EngineOptions, "vision_backend").default,
               show_default=True, help="e.g. numpy,torch; auto: what transcribe takes for this model here.")
+@table_options(EngineOptions, "device")
+@click.option("--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default,
+              show_default=True, help="e.g. float32,bfloat16; auto: what transcribe takes for the backend here.")
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off",
               show_default=True, help="Prefill attention: on = blocked, off = naive; on,off runs both.")
 @click.option("--threads", default=None, help="Math threads per configuration, e.g. 1,2 (default: every core).")
@@ -114,8 +117,8 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Median of N runs.")
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
-def ocr(model, mmproj, stage, weights, vision_backends, flash, threads, q_blocks, vision_layers, text_layers, page,
-        longest_edge, repeats, in_process, json_path) -> None:
+def ocr(model, mmproj, stage, weights, vision_backends, device, vision_dtypes, flash, threads, q_blocks, vision_layers,
+        text_layers, page, longest_edge, repeats, in_process, json_path) -> None:
     """Vision encoder and prefill seconds per page at the model's shapes (synthetic page).
     Defaults are transcribe's: `auto` weights and vision backend are planned for this model
     here as transcribe plans them, so the figures are those of the path users run."""
@@ -124,22 +127,24 @@ def ocr(model, mmproj, stage, weights, vision_backends, flash, threads, q_blocks
     from ..engine.loader import plan_auto
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
-    plans = []  # (weights, vision backend) concrete, in order, each once
+    plans = []  # (weights, vision backend, vision dtype) concrete where auto is, in order
     for w in _choices(weights, "--weights", WEIGHT_CHOICES):
         for vb in _choices(vision_backends, "--vision-backend", BACKENDS):
-            o = plan_auto(EngineOptions(Path(model), Path(mmproj), weights=w, vision_backend=vb))[0]
-            plans.append((o.weights, o.vision_backend))
+            for vd in _choices(vision_dtypes, "--vision-dtype", VISION_DTYPES):
+                o = plan_auto(EngineOptions(Path(model), Path(mmproj), weights=w, vision_backend=vb, device=device,
+                                            vision_dtype=vd))[0]
+                plans.append((o.weights, o.vision_backend, o.vision_dtype))
     flashes = _on_off(flash, "--flash")
     thread_list = _threads(threads)
     q_block_list = [None] if not q_blocks else _ints(q_blocks, "--q-block")
     click.echo(f"# {cpu_info()}")
     rows = []
     for th in thread_list:
-        for st in dict.fromkeys(w for w, _ in plans):
+        for st in dict.fromkeys(w for w, _, _ in plans):
             if "vision" in stages:
-                for vb in dict.fromkeys(b for w, b in plans if w == st):
+                for vb, vd in dict.fromkeys((b, d) for w, b, d in plans if w == st):
                     kw = dict(mmproj=mmproj, storage=st, layers=vision_layers, repeats=repeats, page=page,
-                              longest_edge=longest_edge, backend=vb, model=model)
+                              longest_edge=longest_edge, backend=vb, model=model, device=device, dtype=vd)
                     rows.append(run_isolated("pantheon_ocr.bench.stages:bench_vision", kw, th, not in_process))
                     _ocr_line(rows[-1], header=len(rows) == 1)
             if "prefill" in stages:
@@ -157,7 +162,7 @@ def ocr(model, mmproj, stage, weights, vision_backends, flash, threads, q_blocks
 
 def _ocr_line(r: dict, header: bool) -> None:
     if header:
-        click.echo(f"{'stage':8} {'weights':9} {'on':16} {'threads':>7} {'layers':>7} {'tokens':>6} "
+        click.echo(f"{'stage':8} {'weights':9} {'on':20} {'threads':>7} {'layers':>7} {'tokens':>6} "
                    f"{'s/page':>8} {'s/layer':>8} {'peak RSS':>9} {'load':>5}")
     on = r.get("backend") or r.get("attention", "flash")  # vision: its backend; prefill: its attention
     if r.get("q_block"):
@@ -165,7 +170,7 @@ def _ocr_line(r: dict, header: bool) -> None:
     tokens = r.get("prompt_tokens", r.get("image_tokens"))
     layers = f"{r['layers_run']}/{r['layers_full']}"
     star = "*" if r["estimated"] else " "
-    click.echo(f"{r['stage']:8} {r['storage']:9} {on:16} {str(r['threads']):>7} {layers:>7} {tokens:6d} "
+    click.echo(f"{r['stage']:8} {r['storage']:9} {on:20} {str(r['threads']):>7} {layers:>7} {tokens:6d} "
                f"{r['seconds_page']:7.2f}{star} {r['layer_s']:8.2f} {r['peak_rss_mb']:6.0f} MB "
                f"{r['load_avg_before']:5.1f}")
 
@@ -240,7 +245,13 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--overlap", default=OVERLAP_WORDS[spec(PipelineOptions, "overlap").default],
               show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
 @click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
-@table_options(EngineOptions, "vision_backend", "kv_dtype", "prefill_chunk")
+@table_options(EngineOptions, "vision_backend", "device", "kv_dtype", "prefill_chunk")
+@click.option("--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default,
+              show_default=True, help="e.g. float32,bfloat16 (auto: what transcribe takes here)")
+@click.option("--gpu-prefill", default="on" if spec(EngineOptions, "gpu_prefill").default else "off",
+              show_default=True, help="Prefill projections on the torch --device: on, off or on,off")
+@click.option("--gpu-decode", default="on" if spec(EngineOptions, "gpu_decode").default else "off",
+              show_default=True, help="Decode matmuls on the torch --device: on, off or on,off")
 @table_options(SamplingOptions, "max_tokens")
 @click.option("--ignore-eos/--stop-at-eos", default=False, show_default=True,
               help="Generate exactly --max-tokens per page (random-weight models: no EOS, no loop guard).")
@@ -255,9 +266,9 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write [{config, pages, summary}, ...] for the archive report.")
-def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, vision_backend, kv_dtype,
-          prefill_chunk, max_tokens, ignore_eos, longest_edge, vision_layers, text_layers, pages_per_config,
-          render_workers, repeats, in_process, json_path) -> None:
+def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, vision_backend, device,
+          kv_dtype, prefill_chunk, vision_dtypes, gpu_prefill, gpu_decode, max_tokens, ignore_eos, longest_edge,
+          vision_layers, text_layers, pages_per_config, render_workers, repeats, in_process, json_path) -> None:
     """Run the page pipeline over PDFs/images (or synthetic pages) per configuration; per-page
     seconds by stage, tokens/s, pages/min, peak RSS, side by side."""
     import tempfile
@@ -274,7 +285,9 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     configs = expand_configs(
         batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
         flash=_on_off(flash, "--flash"), overlap=_overlaps(overlap), threads=_threads(threads),
-        vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
+        vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, device=device,
+        vision_dtype=_choices(vision_dtypes, "--vision-dtype", VISION_DTYPES),
+        gpu_prefill=_on_off(gpu_prefill, "--gpu-prefill"), gpu_decode=_on_off(gpu_decode, "--gpu-decode"),
     )
     if pages_per_config not in ("all", "auto"):
         _ints(pages_per_config, "--pages-per-config")

@@ -100,6 +100,7 @@ class OCREngine:
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
         self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
+        self.vision_device = "cpu" if vision_backend is None else vision_backend.device
         self.overlaps = overlaps  # its vision stage pays beside the CPU stage (loader.overlap_pays)
         self.kv_pool = vlm.decoder.new_pool(kv_kind(kv_dtype, vlm.decoder.storage))  # every sequence's K/V (cache.py)
         self.prefill_decoder = self.decode_decoder = vlm.decoder

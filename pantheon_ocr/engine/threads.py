@@ -76,25 +76,29 @@ def blas_env(threads: int) -> dict[str, str]:
     return {var: str(threads) for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def stage_threads(threads: int | None, overlap: bool | None) -> int:
+def stage_threads(threads: int | None, overlap: bool | None, vision_on_cpu: bool = True) -> int:
     """Math threads per pipeline stage. `threads` is the run's total (default: every core this
     process may use): with the vision stage overlapping the CPU stage, each gets half, so the two
     busy at once never want more threads than the machine has (oversubscribed BLAS threads spin
     against each other: 94 s instead of 33 s for the same pages on 2 cores); one stage at a time
-    gets them all. A stage running while the other holds no work takes them all (stage_share).
-    overlap None (left to the engine, not built yet) plans as overlapping until `restage`."""
+    gets them all, and so does the CPU stage beside a vision stage that computes elsewhere
+    (`vision_on_cpu` False: a GPU; on an H100 machine's 16 cores, half of them made a page's prefill
+    3.62 s against 3.00 with all, docs/benchmarks.md). A stage running while the other holds no work
+    takes them all (stage_share). overlap None (left to the engine, not built yet) plans as
+    overlapping on the CPU until `restage`."""
     global _shared, _total
     _total = threads or cpu_count()
-    _shared = overlap is not False and _total > 1
+    _shared = overlap is not False and vision_on_cpu and _total > 1
     return _half() if _shared else _total
 
 
-def restage(overlap: bool) -> None:
-    """The run's plan again once its stages know whether they overlap (the pipeline, after the
-    engine chose): every thread for the one stage at a time when they do not. A no-op when
-    nothing changes or no plan was made (stage_threads never called)."""
-    if _total and (overlap and _total > 1) != _shared:
-        set_threads(stage_threads(_total, overlap))
+def restage(overlap: bool, vision_on_cpu: bool = True) -> None:
+    """The run's plan again once its stages know whether they overlap and where the vision
+    computes (the pipeline, after the engine chose): every thread for the one stage at a time when
+    they do not share the cores. A no-op when nothing changes or no plan was made (stage_threads
+    never called)."""
+    if _total and (overlap and vision_on_cpu and _total > 1) != _shared:
+        set_threads(stage_threads(_total, overlap, vision_on_cpu))
 
 
 def _half() -> int:

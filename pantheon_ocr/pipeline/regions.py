@@ -108,6 +108,7 @@ class SegmentedEngine:
         self.hints = ReadingHints(mode, h.line_height, h.line_width, h.page_edge, h.patch_size)
         self.longest_edge = h.page_edge
         self.overlaps = engine.overlaps
+        self.vision_device = engine.vision_device
 
     def vision(self, image: Image.Image) -> RegionFeatures:
         grey = np.asarray(image.convert("L"))

@@ -73,7 +73,7 @@ class Stages:
         self._vision_done = False  # the vision stage has passed its last page: the CPU stage may take every core
 
     def start(self) -> None:
-        restage(self.overlap)  # a plan made before the engine chose, made again
+        restage(self.overlap, self.engine.vision_device == "cpu")  # a plan made before the engine chose, made again
         stages = [("feeder", self._feed), ("cpu", self._cpu_loop)]
         if self.overlap:
             stages.insert(1, ("vision", self._vision_loop))

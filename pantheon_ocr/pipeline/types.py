@@ -48,6 +48,9 @@ class PageEngine(Protocol):
     longest_edge: int  # pages are rendered at this longest edge (px)
     hints: ReadingHints  # how the model wants its pages cut (segment mode, line height, ...)
     overlaps: bool  # whether its vision stage pays running beside the CPU stage (PipelineOptions.overlap None)
+    # Where its vision stage computes: "cpu" shares the cores with the CPU stage when the two
+    # overlap; anything else (a GPU, Core ML) takes none of them (engine/threads.stage_threads).
+    vision_device: str
 
     def vision(self, image: Image.Image) -> Any:
         """Vision stage: preprocess + encoder + projector. Runs on its own thread, concurrently

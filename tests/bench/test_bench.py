@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,38 @@ def test_bench_ocr_times_the_torch_vision_backend_by_its_own_hooks(tmp_path):
         assert r["layers_run"] == 2 and r["layers_full"] == 3 and r["estimated"]
         assert 0 < r["layer_s"] < r["seconds_run"] < r["seconds_page"] and r["projector_s"] > 0
         assert r["image_tokens"] == torch_row["image_tokens"]
+
+
+def test_bench_ocr_runs_the_vision_on_the_device_in_each_dtype(tmp_path):
+    """--device and --vision-dtype reach the backend (one row per dtype, named by both), so a GPU's
+    vision is benchmarked as transcribe runs it (the CPU here; PANTHEON_OCR_TEST_DEVICE names a GPU)."""
+    pytest.importorskip("torch")
+    device = os.environ.get("PANTHEON_OCR_TEST_DEVICE", "cpu")
+    out = tmp_path / "ocr.json"
+    assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--stage", "vision", "--vision-backend", "torch",
+                 "--device", device, "--vision-dtype", "float32,bfloat16", "--longest-edge", "112", "--in-process",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    on = "" if device == "cpu" else f"@{device}"
+    assert [r["backend"] for r in rows] == [f"torch{on}/float32", f"torch{on}/bfloat16"]
+    assert all(r["device"] == device and r["layer_s"] > 0 for r in rows)
+
+
+def test_bench_pages_takes_the_gpu_switches_and_the_vision_dtype(tmp_path):
+    """The GPU switches and the vision dtype are configurations like any other: named, combined and
+    given to the engine the benchmark runs."""
+    pytest.importorskip("torch")
+    from pantheon_ocr.bench.pages import build_engine
+
+    configs = expand_configs(batch_sizes=(2,), gpu_decode=(False, True), vision_dtype=("bfloat16",),
+                             vision_backend="torch", device="cpu")
+    assert [c.name for c in configs] == ["B=2 auto flash=on overlap=auto vis=torch device=cpu vdtype=bfloat16",
+                                         "B=2 auto flash=on overlap=auto vis=torch device=cpu vdtype=bfloat16 "
+                                         "gpu-decode"]
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(), max_tokens=2, longest_edge=112)
+    plain, switched = (build_engine(opts, c)[0] for c in configs)
+    assert plain.switches is None and plain.vision_backend.dtype == "bfloat16"
+    assert switched.switches.decode and not switched.switches.prefill and switched.switches.device == "cpu"
 
 
 def test_random_lightonocr_names_and_dtypes_match_the_converter():

@@ -21,7 +21,7 @@ from pantheon_ocr.engine.backends.buckets import bucket_grid, merged_rows, pad_p
 from pantheon_ocr.engine.backends.torch_vision import TorchVisionBackend, unpermute_qk  # noqa: E402
 from pantheon_ocr.engine.ops import apply_rope, rope_angles_2d  # noqa: E402
 
-from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT  # noqa: E402
+from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, TEST_DEVICE  # noqa: E402
 
 IMAGES = ["a_rgb_150x110", "b_wide_2000x437", "c_rgba_90x60", "d_text_300x120"]
 REL = 5e-6  # float32 torch vs numpy, and vs the reference: measured <= 1.3e-6 on the fixture
@@ -34,8 +34,8 @@ def vlm(mode="f32"):
 
 
 @lru_cache(maxsize=None)
-def backend(dtype="float32", mode="f32"):
-    return make_vision_backend("torch", vlm(mode), device="cpu", dtype=dtype)
+def backend(dtype="float32", mode="f32", device=TEST_DEVICE):
+    return make_vision_backend("torch", vlm(mode), device=device, dtype=dtype)
 
 
 def pixels(name):
@@ -106,9 +106,10 @@ def test_padded_bucket_with_key_mask_is_exact(name, bucket):
     assert (hb, wb) != (h, w)
     mod = backend().module
     with torch.inference_mode():
-        out = mod(torch.from_numpy(pad_pixels(px, hb, wb, 14))[None], torch.from_numpy(patch_mask(h, w, hb, wb))[None])
+        out = mod(torch.from_numpy(pad_pixels(px, hb, wb, 14))[None].to(TEST_DEVICE),
+                  torch.from_numpy(patch_mask(h, w, hb, wb))[None].to(TEST_DEVICE))
     assert out.shape == ((hb // 2) * (wb // 2), 64)
-    assert rel_err(out.numpy()[merged_rows(h, w, hb, wb)], vlm().encode_image(px)) <= REL
+    assert rel_err(out.cpu().numpy()[merged_rows(h, w, hb, wb)], vlm().encode_image(px)) <= REL
 
 
 def test_bad_pixels_and_dtype():
@@ -227,7 +228,7 @@ def test_a_truncated_tower_runs_its_own_layers():
 
     short = load_vlm(LIGHTONOCR_TEXT, LIGHTONOCR_MMPROJ, weights="f32", vision_tower=TowerOptions(n_layers=1))
     assert len(short.vision.layers) == 1 < short.vision.cfg.n_layer
-    module = make_vision_backend("torch", short, device="cpu", dtype="float32")
+    module = make_vision_backend("torch", short, device=TEST_DEVICE, dtype="float32")
     px = pixels("d_text_300x120")
     out = module.encode(px)
     assert rel_err(out, short.encode_image(px)) <= REL and rel_err(out, vlm().encode_image(px)) > 1e-3
@@ -242,14 +243,14 @@ def test_a_bfloat16_cpu_tower_runs_its_rows_compiled_as_close_to_float32_as_torc
     from pantheon_ocr.engine.backends.torch_pixtral import PixtralBlock
 
     rows = compiled_rows()
-    module = backend("bfloat16").module
+    module = backend("bfloat16", device="cpu").module
     if rows is None:
         assert all(block.ffn_norm.rows is None for block in module.layers)
         pytest.skip("no compiled row operations here")
     assert all(b.attention_norm.rows is b.ffn_norm.rows is b.feed_forward.rows is rows for b in module.layers)
     assert module.ln_pre.rows is rows and all(b.rotate == rows.rope_bf16_ for b in module.layers)
     assert module.rope(4, 5, "cpu")[0].dtype == torch.float32  # the tables' precision, not bfloat16's
-    assert all(b.ffn_norm.rows is None for b in backend().module.layers)  # float32: torch's
+    assert all(b.ffn_norm.rows is None for b in backend(device="cpu").module.layers)  # float32: torch's
 
     torch.manual_seed(0)
     block = PixtralBlock(256, 4, 512, 1e-5)
@@ -274,7 +275,7 @@ def test_a_bfloat16_cpu_tower_runs_its_rows_compiled_as_close_to_float32_as_torc
     assert got.dtype == torch.bfloat16 and branch_err(got) <= branch_err(by_torch), (branch_err(got),
                                                                                      branch_err(by_torch))
     px = pixels("d_text_300x120")
-    assert rel_err(backend("bfloat16").encode(px), vlm().encode_image(px)) <= BF16_REL
+    assert rel_err(backend("bfloat16", device="cpu").encode(px), vlm().encode_image(px)) <= BF16_REL
 
 
 def test_the_feed_forward_by_rows_runs_its_rows_in_parts(monkeypatch):

@@ -94,6 +94,19 @@ def test_auto_vision_backend_is_torch_on_the_cpu(monkeypatch):
         assert B.resolve_dtype("torch", "cpu", "float16") == "float16"  # an explicit choice stands
 
 
+def test_auto_vision_dtype_is_bfloat16_on_a_cuda_gpu_with_bfloat16_tensor_cores(monkeypatch):
+    """On a CUDA GPU of compute capability 8.0 or later (an H100: 0.06 s a full page against 0.46 in
+    float32), auto computes the vision in bfloat16; on older ones, and on MPS, in float32."""
+    import torch
+
+    for major, want in ((9, "bfloat16"), (8, "bfloat16"), (7, "float32")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, major=major: (major, 0))
+        assert B.resolve_dtype("torch", "cuda", "auto") == want
+        assert B.resolve_dtype("torch", "cuda:1", "auto") == want
+        assert B.resolve_dtype("torch", "cuda", "float32") == "float32"
+    assert B.resolve_dtype("torch", "mps", "auto") == "float32"
+
+
 def test_bf16_decoders_prefill_with_torch_attention_as_numpys():
     """bf16 decoders prefill with torch's causal attention kernel; a prompt prefilled in chunks
     after a cached prefix gives the logits of the numpy blocked kernel up to summation order."""

@@ -1,6 +1,6 @@
 """--gpu-prefill / --gpu-decode: DeviceWeight keeps the Weight.matmul contract, and the mirrored
-decoder gives the same greedy streams as the CPU path (torch device "cpu" here; the same code
-runs on cuda/mps)."""
+decoder gives the same greedy streams as the CPU path (on TEST_DEVICE: the CPU unless
+PANTHEON_OCR_TEST_DEVICE names a GPU)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pantheon_ocr.engine.page_engine import OCREngine  # noqa: E402
 from pantheon_ocr.engine.format.weights import Weight  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 
-from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, smollm2_or_skip  # noqa: E402
+from .conftest import LIGHTONOCR_DIR, LIGHTONOCR_MMPROJ, LIGHTONOCR_TEXT, TEST_DEVICE, smollm2_or_skip  # noqa: E402
 
 
 @lru_cache(maxsize=None)
@@ -37,7 +37,7 @@ def test_device_weight_matmul_contract(mode):
     dec = vlm(mode).decoder
     rng = np.random.default_rng(0)
     for w in (dec.layers[0].attn_q, dec.layers[1].ffn_down, dec.output):
-        dw = DeviceWeight(w, "cpu")
+        dw = DeviceWeight(w, TEST_DEVICE)
         for m in (1, 5):
             x = rng.standard_normal((m, w.shape[1]), dtype=np.float32)
             y = dw.matmul(x)
@@ -51,8 +51,8 @@ def test_device_weight_matmul_contract(mode):
 def test_mirror_uploads_once_and_leaves_the_decoder_alone():
     dec = vlm().decoder
     uploads: dict = {}
-    a = mirror_decoder(dec, "cpu", output=False, uploads=uploads)
-    b = mirror_decoder(dec, "cpu", output=True, uploads=uploads)
+    a = mirror_decoder(dec, TEST_DEVICE, output=False, uploads=uploads)
+    b = mirror_decoder(dec, TEST_DEVICE, output=True, uploads=uploads)
     assert a.layers[0].attn_q is b.layers[0].attn_q and isinstance(a.layers[0].attn_q, DeviceWeight)
     assert isinstance(dec.layers[0].attn_q, Weight) and dec.output is dec.token_embd
     assert a.output is dec.output and isinstance(b.output, DeviceWeight)
@@ -60,8 +60,8 @@ def test_mirror_uploads_once_and_leaves_the_decoder_alone():
 
 
 def test_unavailable_device_is_one_line():
-    with pytest.raises(BackendUnavailable, match="device cuda"):
-        GpuSwitches(vlm().decoder, decode=True, device="cuda")
+    with pytest.raises(BackendUnavailable, match="device cuda:99"):  # no CUDA here, or not 100 GPUs
+        GpuSwitches(vlm().decoder, decode=True, device="cuda:99")
 
 
 def _page_tokens(engine, images, max_tokens=10):
@@ -78,7 +78,7 @@ def test_switches_give_the_cpu_greedy_streams_lightonocr():
     want = _page_tokens(OCREngine(vlm()), images)
     assert all(len(t) == 10 for t in want)
     for kw in ({"gpu_prefill": True}, {"gpu_decode": True}, {"gpu_prefill": True, "gpu_decode": True}):
-        engine = OCREngine(vlm(), **kw, device="cpu")
+        engine = OCREngine(vlm(), **kw, device=TEST_DEVICE)
         assert (engine.prefill_decoder is not engine.vlm.decoder) == kw.get("gpu_prefill", False)
         assert (engine.decode_decoder is not engine.vlm.decoder) == kw.get("gpu_decode", False)
         assert _page_tokens(engine, images) == want, kw
@@ -103,7 +103,7 @@ def test_switches_give_the_cpu_greedy_streams_smollm2():
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, model.config.n_vocab, n).tolist() for n in (19, 11, 26)]
     want = _streams(dec, dec, prompts, 6)
-    sw = GpuSwitches(dec, prefill=True, decode=True, device="cpu")
+    sw = GpuSwitches(dec, prefill=True, decode=True, device=TEST_DEVICE)
     assert _streams(sw.prefill_decoder, dec, prompts, 6) == want  # --gpu-prefill: decode back on the CPU
     assert _streams(dec, sw.decode_decoder, prompts, 6) == want  # --gpu-decode
 
@@ -115,7 +115,7 @@ def test_cli_torch_vision_and_both_switches_write_the_same_pages(tmp_path, capsy
     common = ["transcribe", pdf, "--model", str(LIGHTONOCR_DIR), "--max-tokens", "6", "--no-progress",
               "--render-workers", "1"]
     assert main(common + ["-o", str(tmp_path / "cpu")]) == 0
-    assert main(common + ["-o", str(tmp_path / "dev"), "--vision-backend", "torch", "--device", "cpu",
+    assert main(common + ["-o", str(tmp_path / "dev"), "--vision-backend", "torch", "--device", TEST_DEVICE,
                           "--gpu-prefill", "--gpu-decode"]) == 0
     a, b = (sorted((tmp_path / d).rglob("*.md")) for d in ("cpu", "dev"))
     assert len(a) == len(b) == 1 and a[0].read_text() == b[0].read_text()

@@ -191,3 +191,23 @@ def test_a_matrix_past_q8_0s_scales_stays_int8_rows():
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     got = big.matmul(x)
     assert np.isfinite(got).all() and rel_err(got, x @ w.T) <= 2e-2
+
+
+def test_rows_of_no_whole_groups_stay_bfloat16_and_multiply_few_rows():
+    """The vision tower's patch embedding ([1,024, 588] at the LightOnOCR shapes) under int8 storage:
+    torch's int8 kernel crashed the process on rows of 588 at 16 rows or fewer (a small image's
+    patches, the benchmark's warm-up), so such a matrix stays bfloat16; the product is right for any M."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pantheon_ocr.engine.format import torch_weights as TW
+    from pantheon_ocr.engine.format.weights import Weight
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 588)).astype(np.float32)
+    weight = Weight("v.patch_embd.weight", Q.F32, w.shape, w.view(np.uint8), "int8")
+    assert TW.kind_of(weight.torch_data()) == "bf16"
+    for m in (1, 4, 16, 17):
+        x = rng.standard_normal((m, 588)).astype(np.float32)
+        assert rel_err(weight.matmul(x), x @ w.T) <= 2e-2
+    whole = Weight("w", Q.F32, (64, 576), w[:, :576].copy().view(np.uint8), "int8")
+    assert TW.kind_of(whole.torch_data()) in ("int8", "groups")  # whole groups of 32: quantized as before

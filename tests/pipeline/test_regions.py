@@ -44,6 +44,7 @@ class StubEngine(WholePrompt):
     longest_edge = 1400
     hints = ReadingHints("lines", 28, 1400, 2200, 14)
     overlaps = True
+    vision_device = "cpu"
 
     def __init__(self):
         self.batches = []

@@ -23,8 +23,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ...errors import OptionError
-from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, cpu_has_bf16, has_module,
-                     mps_available, require_torch, resolve_device)
+from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, cpu_has_bf16, cuda_has_bf16,
+                     has_module, mps_available, require_torch, resolve_device)
 
 BACKENDS = ("numpy", "torch", "coreml", "auto")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -116,10 +116,13 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
 
 def resolve_dtype(name: str, device: str | None, dtype: str) -> str:
     """The compute dtype for a planned backend: `auto` is bfloat16 for torch on a CPU with
-    bfloat16 units, else float32."""
-    if dtype != "auto":
-        return dtype
-    if name == "torch" and (device or "cpu") == "cpu" and cpu_has_bf16():
+    bfloat16 units or a CUDA GPU with bfloat16 tensor cores, else float32."""
+    if dtype != "auto" or name != "torch":
+        return "float32" if dtype == "auto" else dtype
+    device = device or "cpu"
+    if device == "cpu":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    if device.startswith("cuda") and cuda_has_bf16(device):
         return "bfloat16"
     return "float32"
 

@@ -43,6 +43,9 @@ PANEL_BYTES = 4 << 20  # float32 bytes of one dequantized panel: big enough for 
 # Rows per exact-rows GEMM: one AMX tile's rows, and a block BLAS runs through its GEMM kernel
 # (measured with OpenBLAS: M = 2..16 cost about the same, M = 1 is GEMV).
 ROW_BLOCK = 16
+# int8 storage keeps a matrix as int8 rows only where a row is whole groups of 32 weights: torch's
+# int8 kernel (aten._weight_int8pack_mm, torch 2.13 CPU) crashed the process on rows of 588 or 600.
+INT8_ROW_ALIGN = 32
 
 
 def dequantize(raw: np.ndarray, qtype: Q) -> np.ndarray:
@@ -72,7 +75,8 @@ class Weight:
             self._data = from_f32(dequantize(raw, qtype).reshape(shape)) if self.copied else bf16_view(raw, shape)
         elif storage == "int8":  # torch: the file's 4-, 5- or 8-bit groups as they are (torch_groups.Groups),
             # else quantized here: 8-bit tiles where the compiled products build, else int8 [out, in] with
-            # a bfloat16 scale per row
+            # a bfloat16 scale per row; a matrix of rows that are not whole groups of 32 (the vision
+            # tower's patch embedding: 3 x 14 x 14 = 588) stays bfloat16
             from .torch_groups import groups_fit, groups_of, int8_rows_of, q8_0_tiles_of, tiles_fit
 
             self.copied = True
@@ -89,6 +93,10 @@ class Weight:
                     self._data = q8_0_tiles_of(rows, decode)
                 except ValueError:  # a weight past float16 scales' range: int8 rows then
                     pass
+            if self._data is None and shape[1] % INT8_ROW_ALIGN:  # torch's int8 kernel crashes on such rows
+                from .torch_weights import from_f32
+
+                self._data = from_f32(decode(rows))
             if self._data is None:
                 self._data = int8_rows_of(rows, decode)
         elif storage == "f32" or qtype == Q.F32:

@@ -2,7 +2,6 @@
 
     python scripts/bench_backends.py vision   [--layers 24] [--page 1540x1190] [--dtypes float32,bfloat16]
     python scripts/bench_backends.py switches [--model text.gguf] [--batch 1,4,8]
-    python scripts/bench_backends.py overlap  [--model samples/tiny-model] [docs...]
     python scripts/bench_backends.py all
 
 vision:   s/page of the vision encoder + projector at the real LightOnOCR-1B vision shapes (24
@@ -12,9 +11,8 @@ vision:   s/page of the vision encoder + projector at the real LightOnOCR-1B vis
           layers are timed on N layers and scaled to 24 (said in the table).
 switches: prefill and batched-decode times of the CPU path vs --gpu-prefill / --gpu-decode on the
           torch device (default: the best one torch sees), and whether greedy streams are equal.
-overlap:  the real page pipeline on PDFs (default samples/docs/*.pdf, tiny model) per vision
-          backend: wall time vs per-stage busy time (vision thread, CPU thread) and the time both
-          were busy at once, with --overlap and --no-overlap.
+The page pipeline with and without overlap, busy time per stage: `pantheon-ocr bench pages
+--overlap on,off` (bench/pages.py).
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -257,120 +253,19 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-# -- overlap proof ------------------------------------------------------------------------------
-class StageClock:
-    """Wraps a PageEngine and records the busy intervals of the vision stage and the CPU stage."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.longest_edge = engine.longest_edge
-        self.spans = {"vision": [], "cpu": []}
-        self._lock = threading.Lock()
-
-    def _timed(self, stage, fn, *a):
-        t0 = time.perf_counter()
-        try:
-            return fn(*a)
-        finally:
-            with self._lock:
-                self.spans[stage].append((t0, time.perf_counter()))
-
-    def vision(self, image):
-        return self._timed("vision", self.engine.vision, image)
-
-    def prefill(self, features, sampling):
-        return self._timed("cpu", self.engine.prefill, features, sampling)
-
-    def decode_step(self, seqs):
-        return self._timed("cpu", self.engine.decode_step, seqs)
-
-    def report(self, wall: float) -> dict:
-        busy = {k: sum(e - s for s, e in v) for k, v in self.spans.items()}
-        both = _intersection(_union(self.spans["vision"]), _union(self.spans["cpu"]))
-        return dict(wall_s=wall, vision_busy_s=busy["vision"], cpu_busy_s=busy["cpu"], both_busy_s=both,
-                    busy_sum_over_wall=(busy["vision"] + busy["cpu"]) / wall if wall else 0.0)
-
-
-def _union(spans):
-    out = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
-def _intersection(a, b) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def bench_overlap(args) -> list[dict]:
-    from pantheon_ocr.engine.loader import EngineOptions, load_page_engine
-    from pantheon_ocr.modelfiles.resolve import resolve_model
-    from pantheon_ocr.pipeline.inputs import expand_inputs
-    from pantheon_ocr.pipeline.run import run_pipeline
-    from pantheon_ocr.engine.sampling import SamplingOptions
-    from pantheon_ocr.pipeline.types import PipelineOptions
-
-    text, mmproj = resolve_model(args.model, args.mmproj)
-    docs = expand_inputs(args.docs or [str(p) for p in sorted((ROOT / "samples" / "docs").glob("*.pdf"))])
-    backends = [("numpy", None)] + ([("torch", "cpu")] if has_module("torch") else [])
-    rows = []
-    for name, dev in backends:
-        engine, _ = load_page_engine(EngineOptions(text, mmproj, "f32", name, dev))
-        for overlap in (True, False):
-            clock = StageClock(engine)
-            opts = PipelineOptions(out_dir=Path(tempfile.mkdtemp(prefix="bench-overlap-")), overwrite=True,
-                                   overlap=overlap, batch_size=args.batch_size,
-                                   sampling=SamplingOptions(max_tokens=args.max_tokens,
-                                                            temperature=args.temperature, seed=1))
-            t0 = time.perf_counter()
-            summary = run_pipeline(docs, clock, opts)
-            wall = time.perf_counter() - t0
-            r = dict(backend=f"{name}" + (f"-{dev}" if dev else ""), overlap=overlap, pages=summary.pages_done,
-                     tokens=summary.tokens, **clock.report(wall))
-            rows.append(r)
-    print(f"# page pipeline on {len(docs)} document(s), model {Path(text).name}, max_tokens {args.max_tokens}, "
-          f"temperature {args.temperature}, batch {args.batch_size}: busy = seconds inside engine calls per stage "
-          "thread; both busy = seconds when both stages were inside an engine call")
-    print(f"{'backend':10} {'overlap':7} {'pages':>5} {'tokens':>6} {'wall s':>7} {'vision busy':>11} {'cpu busy':>9} "
-          f"{'both busy':>9} {'busy/wall':>9}")
-    for r in rows:
-        print(f"{r['backend']:10} {str(r['overlap']):7} {r['pages']:5d} {r['tokens']:6d} {r['wall_s']:7.2f} {r['vision_busy_s']:11.2f} "
-              f"{r['cpu_busy_s']:9.2f} {r['both_busy_s']:9.2f} {r['busy_sum_over_wall']:9.2f}")
-    return rows
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["vision", "switches", "overlap", "all"])
+    ap.add_argument("what", choices=["vision", "switches", "all"])
     ap.add_argument("--layers", type=int, default=24, help="vision: encoder layers to time (scaled to 24)")
     ap.add_argument("--page", default="1540x1190", help="vision: page size HxW in px (default: Letter at 1540)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="vision: torch dtypes")
-    ap.add_argument("--model", action="append", help="switches: decoder GGUF(s); overlap: text GGUF or model dir")
-    ap.add_argument("--mmproj", help="overlap: mmproj GGUF")
+    ap.add_argument("--model", action="append", help="switches: decoder GGUF(s)")
     ap.add_argument("--device", default=None, help="switches: torch device (default: best available)")
     ap.add_argument("--prefill", type=int, default=512, help="switches: prompt tokens")
     ap.add_argument("--batch", default="1,4,8", help="switches: decode batch sizes")
     ap.add_argument("--steps", type=int, default=16, help="switches: decode steps timed")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=200, help="overlap: tokens per page")
-    ap.add_argument("--batch-size", type=int, default=4, help="overlap: pages decoded together")
-    ap.add_argument("--temperature", type=float, default=1.0,
-                    help="overlap: sampling temperature (1.0: the random tiny model then writes max-tokens "
-                         "per page instead of stopping early on its repetition guard)")
     ap.add_argument("--json", help="also write every row to this JSON file")
-    ap.add_argument("docs", nargs="*", help="overlap: documents (default samples/docs/*.pdf)")
     args = ap.parse_args(argv)
     if has_module("torch"):
         from pantheon_ocr.engine.backends import require_torch
@@ -382,11 +277,6 @@ def main(argv=None) -> None:
         out["vision"] = bench_vision(args)
     if args.what in ("switches", "all"):
         out["switches"] = bench_switches(args)
-    if args.what in ("overlap", "all"):
-        if args.model and len(args.model) > 1:
-            ap.error("overlap takes one --model")
-        args.model = (args.model or [str(ROOT / "samples" / "tiny-model")])[0]
-        out["overlap"] = bench_overlap(args)
     out["load_after"] = os.getloadavg()[0]
     print(f"# 1-minute load average at the end: {out['load_after']:.2f} (other processes share these cores)")
     if args.json:

@@ -150,7 +150,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
     t0 = time.perf_counter()
     vc = vision_config(open_gguf(mmproj))
     layer_times: list[float] = []
-    encode, n_run, name = _vision_encoder(mmproj, storage, layers, layer_times, backend, model, device, dtype)
+    encode, n_run, name, on = _vision_encoder(mmproj, storage, layers, layer_times, backend, model, device, dtype)
     load_s = time.perf_counter() - t0
     rss_load = rss_now_mb()
     n_full = vc.n_layer
@@ -169,7 +169,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
         proj_runs.append(t_proj)
         estimates.append(_estimate(total - t_proj, layer_times, n_run, n_full) + t_proj if layer_times else total)
     return {
-        "stage": "vision", "storage": storage, "backend": name, "device": device, "mmproj": str(mmproj),
+        "stage": "vision", "storage": storage, "backend": name, "device": on, "mmproj": str(mmproj),
         "image": f"{pixels.shape[2]}x{pixels.shape[1]}", "patches": int(grid[0] * grid[1]),
         "image_tokens": int(feats.shape[0]), "layers_run": n_run, "layers_full": n_full,
         "estimated": n_run < n_full, "repeats": repeats,
@@ -181,7 +181,7 @@ def bench_vision(mmproj: str, storage: str = "f32", layers: int | None = None, r
 
 def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: list[float], backend: str,
                     model: str | None, device: str | None = None, dtype: str = "auto"):
-    """(encode(pixels) -> (features, grid, projector seconds), layers built, the backend's name)."""
+    """(encode(pixels) -> (features, grid, projector seconds), layers built, the backend's name, its device)."""
     from ..engine.backends import make_vision_backend, plan_vision_backend
     from ..engine.format.gguf import open_gguf
     from ..engine.format.weights import WeightLoader
@@ -200,7 +200,7 @@ def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: 
             feats = projector.forward(x, grid)
             return feats, grid, time.perf_counter() - t
 
-        return encode, len(vision.layers), f"numpy/{storage}"
+        return encode, len(vision.layers), f"numpy/{storage}", "cpu"
     from ..engine.backends.torch_vision import TorchVisionBackend
     from ..engine.loader import load_vlm
 
@@ -225,7 +225,7 @@ def _vision_encoder(mmproj: str, storage: str, layers: int | None, layer_times: 
         return feats, (pixels.shape[1] // patch, pixels.shape[2] // patch), sum(projector_s[before:])
 
     on = "" if be.device in (None, "cpu") else f"@{be.device}"
-    return encode, len(vlm.vision.layers), f"{be.name}{on}/{be.dtype}"
+    return encode, len(vlm.vision.layers), f"{be.name}{on}/{be.dtype}", be.device or "cpu"
 
 
 def _synchronize(device: str):

@@ -99,12 +99,21 @@ def test_auto_vision_dtype_is_bfloat16_on_a_cuda_gpu_with_bfloat16_tensor_cores(
     float32), auto computes the vision in bfloat16; on older ones, and on MPS, in float32."""
     import torch
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for major, want in ((9, "bfloat16"), (8, "bfloat16"), (7, "float32")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, major=major: (major, 0))
         assert B.resolve_dtype("torch", "cuda", "auto") == want
         assert B.resolve_dtype("torch", "cuda:1", "auto") == want
         assert B.resolve_dtype("torch", "cuda", "float32") == "float32"
     assert B.resolve_dtype("torch", "mps", "auto") == "float32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # asked with no CUDA: float32, no error
+    assert B.resolve_dtype("torch", "cuda", "auto") == "float32"
+
+
+def test_any_cpu_device_is_spelled_cpu():
+    """"cpu:0" is the CPU: the thread plan (PageEngine.vision_device == "cpu") and the dtype see it so."""
+    assert B.resolve_device("cpu:0") == B.resolve_device("cpu") == "cpu"
+    assert B.plan_vision_backend("torch", "cpu:0", "auto")[1] == "cpu"
 
 
 def test_bf16_decoders_prefill_with_torch_attention_as_numpys():

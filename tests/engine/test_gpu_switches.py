@@ -116,6 +116,6 @@ def test_cli_torch_vision_and_both_switches_write_the_same_pages(tmp_path, capsy
               "--render-workers", "1"]
     assert main(common + ["-o", str(tmp_path / "cpu")]) == 0
     assert main(common + ["-o", str(tmp_path / "dev"), "--vision-backend", "torch", "--device", TEST_DEVICE,
-                          "--gpu-prefill", "--gpu-decode"]) == 0
+                          "--vision-dtype", "float32", "--gpu-prefill", "--gpu-decode"]) == 0
     a, b = (sorted((tmp_path / d).rglob("*.md")) for d in ("cpu", "dev"))
     assert len(a) == len(b) == 1 and a[0].read_text() == b[0].read_text()

@@ -11,8 +11,9 @@ code 2) whose message is one line saying what to install or choose instead.
 torch sees such a device, else torch on the CPU when torch is installed (oneDNN matmuls and fused
 attention: faster than numpy's BLAS, and far faster in bfloat16 on CPUs with bfloat16 units),
 else numpy; it never fails for want of an extra, and `backend.reason` says why it chose what it
-chose. The dtype `auto` is bfloat16 where the CPU has AVX-512 BF16 or AMX units and torch runs
-there, else float32 (tests/engine/test_backends_torch.py states bfloat16's error against float32).
+chose. The dtype `auto` is bfloat16 where torch runs on a CPU with AVX-512 BF16 or AMX units or on
+a CUDA GPU with bfloat16 tensor cores (compute capability 8.0 and later), else float32
+(tests/engine/test_backends_torch.py states bfloat16's error against float32).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def cuda_has_bf16(device: str) -> bool:
     later: Ampere, Hopper). A full page's vision on an H100 took 0.06 s in bfloat16 against 0.46 s
     in float32 (docs/benchmarks.md), within the same error bound as on a CPU."""
     torch = require_torch()
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def cpu_has_amx() -> bool:
@@ -136,7 +136,7 @@ def resolve_device(device: str | None) -> str:
                                                "Apple silicon); use the cpu device", device)
     elif dev.type != "cpu":
         raise BackendUnavailable("device", f"unsupported device type {dev.type!r} (use cpu, cuda or mps)", device)
-    return str(dev)
+    return "cpu" if dev.type == "cpu" else str(dev)  # one spelling: "cpu:0" is the CPU the thread plan shares
 
 
 def mps_available(torch) -> bool:

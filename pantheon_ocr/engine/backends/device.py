@@ -14,8 +14,8 @@ decoder object and decoded by the other.
 
 Each matmul costs a host->device copy of x, a sync and a device->host copy of the result, and
 everything between the products runs in numpy on the CPU: that is why the switches lose where the
-CPU has the torch path (on an H100 machine with 16 Xeon cores, 8 full pages with either switch took
-more than 200 s against 34 s without, docs/benchmarks.md), and why both are off by default.
+CPU has the torch path (on an H100 machine with 16 Xeon cores, 8 full pages with both switches on took
+more than 200 s against 34 s with neither, docs/benchmarks.md), and why both are off by default.
 """
 
 from __future__ import annotations

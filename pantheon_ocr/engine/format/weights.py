@@ -45,7 +45,7 @@ PANEL_BYTES = 4 << 20  # float32 bytes of one dequantized panel: big enough for 
 ROW_BLOCK = 16
 # int8 storage keeps a matrix as int8 rows only where a row is whole groups of 32 weights: torch's
 # int8 kernel (aten._weight_int8pack_mm, torch 2.13 CPU) crashed the process on rows of 588 or 600.
-INT8_ROW_ALIGN = 32
+INT8_ROW_ALIGN = 32  # torch_groups.INT4_GROUP (not imported: that module imports torch)
 
 
 def dequantize(raw: np.ndarray, qtype: Q) -> np.ndarray:

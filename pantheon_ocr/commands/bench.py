@@ -61,6 +61,12 @@ def _write_json(path: str | None, data) -> None:
         click.echo(f"wrote {path}", err=True)
 
 
+# bench ocr's and bench pages' list of vision compute types, configurations side by side
+vision_dtypes_option = click.option(
+    "--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default, show_default=True,
+    help="e.g. float32,bfloat16; auto: what transcribe takes for the backend here.")
+
+
 @click.group()
 def bench() -> None:
     """Throughput benchmarks; configurations side by side in one run."""
@@ -104,8 +110,7 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
 @click.option("--vision-backend", "vision_backends", default=spec(EngineOptions, "vision_backend").default,
               show_default=True, help="e.g. numpy,torch; auto: what transcribe takes for this model here.")
 @table_options(EngineOptions, "device")
-@click.option("--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default,
-              show_default=True, help="e.g. float32,bfloat16; auto: what transcribe takes for the backend here.")
+@vision_dtypes_option
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off",
               show_default=True, help="Prefill attention: on = blocked, off = naive; on,off runs both.")
 @click.option("--threads", default=None, help="Math threads per configuration, e.g. 1,2 (default: every core).")
@@ -246,8 +251,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
               show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
 @click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
 @table_options(EngineOptions, "vision_backend", "device", "kv_dtype", "prefill_chunk")
-@click.option("--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default,
-              show_default=True, help="e.g. float32,bfloat16 (auto: what transcribe takes here)")
+@vision_dtypes_option
 @click.option("--gpu-prefill", default="on" if spec(EngineOptions, "gpu_prefill").default else "off",
               show_default=True, help="Prefill projections on the torch --device: on, off or on,off")
 @click.option("--gpu-decode", default="on" if spec(EngineOptions, "gpu_decode").default else "off",

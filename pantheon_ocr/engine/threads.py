@@ -88,7 +88,7 @@ def stage_threads(threads: int | None, overlap: bool | None, vision_on_cpu: bool
     overlapping on the CPU until `restage`."""
     global _shared, _total
     _total = threads or cpu_count()
-    _shared = overlap is not False and vision_on_cpu and _total > 1
+    _shared = _shares(overlap, vision_on_cpu)
     return _half() if _shared else _total
 
 
@@ -97,8 +97,13 @@ def restage(overlap: bool, vision_on_cpu: bool = True) -> None:
     computes (the pipeline, after the engine chose): every thread for the one stage at a time when
     they do not share the cores. A no-op when nothing changes or no plan was made (stage_threads
     never called)."""
-    if _total and (overlap and vision_on_cpu and _total > 1) != _shared:
+    if _total and _shares(overlap, vision_on_cpu) != _shared:
         set_threads(stage_threads(_total, overlap, vision_on_cpu))
+
+
+def _shares(overlap: bool | None, vision_on_cpu: bool) -> bool:
+    """Whether the stages split the run's threads: they overlap (or may: None) and both compute here."""
+    return overlap is not False and vision_on_cpu and _total > 1
 
 
 def _half() -> int:

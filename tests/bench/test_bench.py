@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +187,7 @@ def test_bench_ocr_runs_the_vision_on_the_device_in_each_dtype(tmp_path):
     """--device and --vision-dtype reach the backend (one row per dtype, named by both), so a GPU's
     vision is benchmarked as transcribe runs it (the CPU here; PANTHEON_OCR_TEST_DEVICE names a GPU)."""
     pytest.importorskip("torch")
-    device = os.environ.get("PANTHEON_OCR_TEST_DEVICE", "cpu")
+    from ..engine.conftest import TEST_DEVICE as device
     out = tmp_path / "ocr.json"
     assert main(["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--stage", "vision", "--vision-backend", "torch",
                  "--device", device, "--vision-dtype", "float32,bfloat16", "--longest-edge", "112", "--in-process",

@@ -27,7 +27,7 @@ STORAGE_MODES = ("f32", "bf16", "int8", "quantized")  # weights: resident float3
 TORCH_STORAGES = ("bf16", "int8")  # the storages torch multiplies (engine/format/torch_weights.py)
 WEIGHT_CHOICES = ("auto",) + STORAGE_MODES  # auto: the engine's plan for this model and CPU (engine/loader.py)
 VISION_BACKENDS = ("numpy", "torch", "coreml", "auto")
-VISION_DTYPES = ("auto", "float32", "bfloat16", "float16")
+VISION_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: bfloat16, the tower's products in int8
 KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # auto: engine/cache.py kv_kind
 ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or the naive reference
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
@@ -179,8 +179,9 @@ class EngineOptions:
     device: str | None = option(None, "torch device for --vision-backend torch/auto and the --gpu-* switches "
                                       "(cpu, cuda, cuda:N, mps).", kind="str")
     vision_dtype: str = option("auto", "Vision compute type: torch (float32/bfloat16/float16), Core ML "
-                                       "(float32/float16); auto: bfloat16 for torch on CPUs with bfloat16 units "
-                                       "and CUDA GPUs with bfloat16 tensor cores, else float32.",
+                                       "(float32/float16); int8: torch on the CPU in bfloat16 with the tower's "
+                                       "products in int8 (faster, less exact); auto: bfloat16 for torch on CPUs with "
+                                       "bfloat16 units and CUDA GPUs with bfloat16 tensor cores, else float32.",
                                choices=VISION_DTYPES)
     kv_dtype: str = option("auto", "KV cache type: bfloat16 or float16 halves float32's memory, int8 (a scale per "
                                    "position and head) quarters it; auto: with bf16 or int8 weights int8 where the "

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pantheon_ocr.engine.loader import EngineOptions, load_page_engine  # noqa: E402
+from pantheon_ocr.options import VISION_BACKENDS, VISION_DTYPES, spec  # noqa: E402
 from pantheon_ocr.modelfiles.resolve import resolve_model  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
@@ -160,9 +161,14 @@ def main(argv=None) -> int:
     ap.add_argument("--devset", type=Path, help="the real-document dev set (../shared/devset): read, score, time")
     ap.add_argument("--out", type=Path, default=Path("devset-pred"), help="--devset: where the page texts go")
     ap.add_argument("--batch-size", type=int, default=8, help="--devset: pages decoded together")
+    ap.add_argument("--vision-backend", default=spec(EngineOptions, "vision_backend").default,
+                    choices=VISION_BACKENDS, help="the vision stage's backend (as transcribe's flag)")
+    ap.add_argument("--vision-dtype", default=spec(EngineOptions, "vision_dtype").default, choices=VISION_DTYPES,
+                    help="the vision stage's compute type (as transcribe's flag)")
     a = ap.parse_args(argv)
     text, mmproj = resolve_model(a.model, a.mmproj)
-    engine, notes = load_page_engine(EngineOptions(text, mmproj))
+    engine, notes = load_page_engine(EngineOptions(text, mmproj, vision_backend=a.vision_backend,
+                                                   vision_dtype=a.vision_dtype))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"model: {text.name} + {mmproj.name}\n")

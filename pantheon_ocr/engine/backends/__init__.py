@@ -24,11 +24,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ...errors import OptionError
+from ...options import VISION_DTYPES
 from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, cpu_has_bf16, cuda_has_bf16,
                      has_module, mps_available, require_torch, resolve_device)
 
 BACKENDS = ("numpy", "torch", "coreml", "auto")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = VISION_DTYPES  # the one declaration, options.py's
 
 @runtime_checkable
 class VisionBackend(Protocol):
@@ -76,13 +77,16 @@ def plan_vision_backend(name: str, device: str | None = None, dtype: str = "floa
                               + ("" if reason == "chosen" else f" (auto chose numpy: {reason})"), dtype)
         return name, "cpu", reason
     if name == "torch":
-        return name, resolve_device(device), reason
+        device = resolve_device(device)
+        if dtype == "int8":
+            _check_int8(device)
+        return name, device, reason
     # coreml
     if device not in (None, "cpu"):
         raise OptionError("device", "a torch device; Core ML picks its own compute units (CPU, GPU, Neural Engine)",
                           device)
-    if dtype == "bfloat16":
-        raise OptionError("vision_dtype", "Core ML computes in float32 or float16, not bfloat16 (float16 runs on "
+    if dtype in ("bfloat16", "int8"):
+        raise OptionError("vision_dtype", f"Core ML computes in float32 or float16, not {dtype} (float16 runs on "
                                           "the Neural Engine)", dtype)
     from .coreml import require_coreml
 
@@ -96,7 +100,8 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
     `.projector`, `.vision_config`, `.encode_image`, `.mmproj`).
 
     device: torch device for "torch" ("cpu", "cuda", "cuda:1", "mps"; default: the best one torch
-    sees). dtype: "float32" (default), "bfloat16" (torch), "float16" (torch, Core ML).
+    sees). dtype: "float32" (default), "bfloat16" (torch), "float16" (torch, Core ML), "int8" (torch on
+    the CPU: bfloat16 with the blocks' products in int8).
     cache_dir / compute_units: Core ML only (see backends.coreml)."""
     name, device, reason = plan_vision_backend(name, device, dtype)
     dtype = resolve_dtype(name, device, dtype)
@@ -113,6 +118,17 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
         backend = CoreMLVisionBackend(vlm, dtype=dtype, cache_dir=cache_dir, compute_units=compute_units)
     backend.reason = reason
     return backend
+
+
+def _check_int8(device: str) -> None:
+    """--vision-dtype int8 runs the torch tower on the CPU with the compiled int8 row passes, or refuses."""
+    if device != "cpu":
+        raise OptionError("vision_dtype", f"the int8 products run on the CPU, not {device} (bfloat16 is the "
+                                          "fast choice on a GPU)", "int8")
+    from .int8_products import compiled_int8_products, int8_products_why
+
+    if compiled_int8_products() is None:
+        raise BackendUnavailable("vision_dtype", f"needs the compiled int8 row passes: {int8_products_why()}", "int8")
 
 
 def resolve_dtype(name: str, device: str | None, dtype: str) -> str:

@@ -34,6 +34,7 @@ SOURCE = Path(__file__).parent / "csrc" / "decode_attention.c"
 PRODUCTS_SOURCE = Path(__file__).parent / "csrc" / "products.c"
 BF16_SOURCE = Path(__file__).parent / "csrc" / "bf16_attention.c"
 ROWS_SOURCE = Path(__file__).parent / "csrc" / "rows.c"
+INT8_ROWS_SOURCE = Path(__file__).parent / "csrc" / "int8_rows.c"
 FLAGS = ("-O2", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared")
 # Instruction sets a build may target, best first: the flags each adds to FLAGS and the CPU flags it
 # needs (FLAGS' AVX2, FMA and F16C included). AVX-512 widens 16 stored values at a time (B = 16

@@ -20,6 +20,10 @@ maths as models/pixtral.py + models/lightonocr.py:
 - `use_rows` swaps the norms, the rotary embedding and the SwiGLU for compiled bfloat16 row operations
   (backends/rows.py: float32 arithmetic rounded once, one pass each) in bfloat16 on a CPU, where torch's
   took 0.18 s of a full page's 2.2 s layer; training never sets them.
+- `use_int8` swaps every block's q/k/v, output and feed-forward products for int8 products
+  (backends/int8_products.py: rows and weights quantized per call, smoothed): `--vision-dtype int8`,
+  a choice that trades a few percent of the features' precision for ~20% of a page's time on a CPU
+  without AMX tiles; training never sets it.
 - The patch convolution is one product over the unfolded patches (same sums; torch's bfloat16 CPU
   convolution was 6x slower than the product).
 - Shapes are taken from the module's config and from the h x w grid the caller passes (Python
@@ -102,6 +106,7 @@ FFN_ROWS = 2048  # rows per pass of the feed-forward under use_rows (1,024-2,048
 
 class SwiGLU(nn.Module):
     rows = None  # as RMSNorm's
+    products = None  # the int8 products (PixtralVision.use_int8), else torch's
 
     def __init__(self, dim: int, ff: int):
         super().__init__()
@@ -110,6 +115,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(ff, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.products is not None and self.gate_proj.bias is None and self.up_proj.bias is None:
+            return self._int8_by_rows(x)
         if self.rows is not None:
             return self._by_rows(x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -124,6 +131,20 @@ class SwiGLU(nn.Module):
         for s in range(0, rows.shape[0], FFN_ROWS):
             part = rows[s:s + FFN_ROWS]
             out[s:s + FFN_ROWS] = self.down_proj(self.rows.swiglu_bf16_(self.gate_proj(part), self.up_proj(part)))
+        return out.view(x.shape)
+
+    def _int8_by_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """forward() in the int8 products (PixtralVision.use_int8), FFN_ROWS rows at a time as _by_rows:
+        gate and up quantized once for all rows, silu(gate) * up made as the sums are rescaled. Why by
+        rows: a full page's [9,350, 4,096] SwiGLU whole held ~120 MB more at its peak (the down product's
+        weights are quantized for each piece's own columns instead, ~1 ms each)."""
+        rows = x.reshape(-1, x.shape[-1])  # [M, D]
+        gate_up = self.products.prepare(rows, [self.gate_proj.weight, self.up_proj.weight])
+        down = self.down_proj.weight
+        out = torch.empty_like(rows)
+        for s in range(0, rows.shape[0], FFN_ROWS):
+            (a,) = gate_up.apply(rows[s:s + FFN_ROWS], swiglu=True)  # [rows, ff]
+            out[s:s + FFN_ROWS] = self.products(a, [down], biases=[self.down_proj.bias])[0]
         return out.view(x.shape)
 
 
@@ -141,6 +162,7 @@ class PixtralBlock(nn.Module):
 
     attend = staticmethod(F.scaled_dot_product_attention)  # (q, k, v, attn_mask=) -> out; see use_attention
     rotate = staticmethod(rope)  # (x, cos, sin) -> x turned; see use_rows
+    products = None  # the int8 products (see use_int8), else each projection's own
 
     def __init__(self, dim: int, heads: int, ff: int, eps: float):
         super().__init__()
@@ -156,12 +178,18 @@ class PixtralBlock(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, N, D], cos/sin [N, hd], mask: additive [B, 1, 1, N] or None -> [B, N, D]."""
         h = self.attention_norm(x)
-        q, k, v = (proj(h).unflatten(-1, (self.heads, self.hd)).transpose(1, 2)  # [B, H, N, hd] each
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (t.unflatten(-1, (self.heads, self.hd)).transpose(1, 2)  # [B, H, N, hd] each
+                   for t in self.project(h, self.q_proj, self.k_proj, self.v_proj))
         a = self.attend(self.rotate(q, cos, sin), self.rotate(k, cos, sin), v, attn_mask=mask)  # [B, H, N, hd]
-        x = x + self.o_proj(a.transpose(1, 2).flatten(2))
+        x = x + self.project(a.transpose(1, 2).flatten(2), self.o_proj)[0]
         check_cancelled()  # a full page's layer is seconds on a CPU: look again halfway
         return x + self.feed_forward(self.ffn_norm(x))
+
+    def project(self, h: torch.Tensor, *projections: nn.Module) -> list[torch.Tensor]:
+        """Each projection of h: its own product, or one call of the int8 products for all (use_int8)."""
+        if self.products is None:
+            return [proj(h) for proj in projections]
+        return self.products(h, [p.weight for p in projections], biases=[p.bias for p in projections])
 
 
 class PixtralVision(nn.Module):
@@ -190,6 +218,13 @@ class PixtralVision(nn.Module):
         for layer in self.layers:
             layer.attention_norm.rows = layer.ffn_norm.rows = layer.feed_forward.rows = rows
             layer.rotate = rows.rope_bf16_
+
+    def use_int8(self, products) -> None:
+        """Every block's q/k/v, output and feed-forward products as int8 products `products`
+        (int8_products.Int8Products: bfloat16 rows and weights quantized per call, smoothed; the
+        compute dtype must be bfloat16). The patch embedding and the projector keep theirs."""
+        for layer in self.layers:
+            layer.products = layer.feed_forward.products = products
 
     def grid(self, pixels: torch.Tensor) -> tuple[int, int]:
         """(h, w): the patch grid of pixels [B, 3, H, W]."""

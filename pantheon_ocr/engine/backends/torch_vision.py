@@ -18,7 +18,9 @@ Same maths as models/pixtral.py + models/lightonocr.py. Choices that differ in f
   query_block_attention (plain bfloat16 products, 2.4x faster than SDPA there; with tiles SDPA is
   1.9x faster), its softmax the compiled one where it builds;
 - in bfloat16 on the CPU the norms, the rotary embedding and the SwiGLU are the compiled row
-  operations of rows.py where they build (PixtralVision.use_rows; the rope tables float32 then).
+  operations of rows.py where they build (PixtralVision.use_rows; the rope tables float32 then);
+- "int8" (CPU only) is bfloat16 with the blocks' products in int8 (int8_products.py,
+  PixtralVision.use_int8).
 Norms run in float32 whatever the compute dtype (as transformers does); the output is float32.
 
 Importing this module imports torch: only backends/__init__ and the tests import it, lazily.
@@ -47,7 +49,8 @@ from .rows import compiled_rows, rows_why
 from .bf16_attention import BY_QUERY_BLOCKS, compiled_full_attention, compiled_softmax
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "int8": torch.bfloat16}  # int8: bfloat16 with the blocks' products in int8 (use_int8)
 MASK_NEG = -30000.0  # additive attention bias for masked keys: exp() underflows to 0, fits float16
 
 __all__ = ["FixedGrid", "LightOnOCRVision", "MappedLinear", "TorchVisionBackend", "unpermute_qk"]
@@ -95,9 +98,14 @@ class MappedLinear(nn.Module):
         self.stored, self.dtype, self.rows = stored, dtype, rows  # not parameters: the file's bytes
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def weight(self) -> torch.Tensor:
+        """The matrix in the compute dtype, its rows in order (a view of the map where nothing changes)."""
         w = self.stored if self.rows is None else self.stored.index_select(0, self.rows)
-        return F.linear(x, w.to(self.dtype), self.bias)
+        return w.to(self.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class LightOnOCRVision(PixtralVision):
@@ -250,7 +258,7 @@ class TorchVisionBackend:
         for name in vlm.mmproj.tensors:
             vlm.mmproj.release(name)
         self.kernels = "attention: torch's fused kernel (scaled_dot_product_attention)"  # the -v line's part
-        if device == "cpu" and dtype == "bfloat16":
+        if device == "cpu" and TORCH_DTYPES[dtype] == torch.bfloat16:
             if not cpu_has_amx():  # SDPA's kernel uses AMX tiles only
                 attend, which = cpu_bf16_attention(self.module.heads, self.module.dim // self.module.heads)
                 self.module.use_attention(attend)
@@ -259,6 +267,15 @@ class TorchVisionBackend:
             self.kernels += f"; norms, rotary embedding and SwiGLU: {rows_why()}"
             if rows is not None:
                 self.module.use_rows(rows)
+        if dtype == "int8":
+            from .int8_products import compiled_int8_products
+
+            products = compiled_int8_products()
+            if products is None or device != "cpu":
+                raise ValueError("the int8 products run on the CPU where their row passes build "
+                                 "(plan_vision_backend says why not)")
+            self.module.use_int8(products)
+            self.kernels += f"; products: int8 ({products.why})"
 
     @torch.inference_mode()
     def encode(self, pixels: np.ndarray) -> np.ndarray:

@@ -37,11 +37,7 @@ static int threads_for(int64_t rows, int threads) {
 }
 
 #ifdef __AVX512F__
-#include "exp16.h"
-
-static inline __mmask16 tail(int64_t n, int64_t i) {
-    return n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-}
+#include "bf16.h"
 
 /* 1 / sqrt(mean(x^2) + eps) of a row of n */
 static inline float inv_rms(const float *x, int64_t n, float eps) {
@@ -64,11 +60,6 @@ static inline void scale_row(const float *x, int64_t n, float r, const float *w,
     }
 }
 
-/* silu(g) = g / (1 + e^-g) of 16 floats (the SwiGLUs' gate) */
-static inline __m512 silu16(__m512 g) {
-    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-}
-
 /* One head of d in place: pairs (i, i + d / 2) (neox) or (2i, 2i + 1) turned by the angles c, s [d / 2] */
 static inline void rope_head(float *x, int64_t d, const float *c, const float *s, int neox) {
     int64_t r = d / 2;
@@ -89,20 +80,6 @@ static inline void rope_head(float *x, int64_t d, const float *c, const float *s
     }
 }
 
-/* bfloat16 [16] at p (its first n) as float32 lanes: the bits shifted up */
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-/* float32 lanes rounded to bfloat16 (to nearest, ties to even, as torch's .to(torch.bfloat16); a NaN
- * stays a quiet NaN) and stored to the lanes of m */
-static inline void store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
-    __m512i u = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-    u = _mm512_mask_mov_epi32(u, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(u));
-}
 #endif
 
 /* Whether this build has the vector paths (AVX-512); without them every entry returns -1 */

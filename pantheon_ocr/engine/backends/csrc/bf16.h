@@ -1,10 +1,21 @@
-/* AVX-512 helpers of the bfloat16 row kernels (rows.c, int8_rows.c): a tail mask, bfloat16 loads and
- * stores through float32 lanes, and the SwiGLU's silu (compiled.py hashes the headers beside a source
- * into its library's name, so a change here builds them anew). Included under __AVX512F__ only. */
+/* Helpers of the row kernels (rows.c, int8_rows.c): how many threads a call's rows take and, with
+ * AVX-512, a tail mask, bfloat16 loads and stores through float32 lanes, and the SwiGLU's silu
+ * (compiled.py hashes the headers beside a source into its library's name, so a change here builds
+ * them anew). */
 #ifndef PANTHEON_BF16_H
 #define PANTHEON_BF16_H
-#include <immintrin.h>
 #include <stdint.h>
+
+#define MAX_THREADS 64
+#define SHARE 16 /* rows worth a second thread: a chunk's rows are, a decode step's few are not */
+
+static inline int threads_for(int64_t rows, int threads) {
+    if (threads < 2 || rows < 2 * SHARE) return 1;
+    return threads > MAX_THREADS ? MAX_THREADS : threads;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
 #include "exp16.h"
 
 static inline __mmask16 tail(int64_t n, int64_t i) {
@@ -31,4 +42,5 @@ static inline __m512 silu16(__m512 g) {
     return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
 }
 
+#endif /* __AVX512F__ */
 #endif

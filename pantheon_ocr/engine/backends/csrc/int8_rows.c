@@ -20,17 +20,7 @@
 #include <omp.h>
 #endif
 
-#define MAX_THREADS 64
-#define SHARE 16 /* rows worth a second thread */
-
-static int threads_for(int64_t rows, int threads) {
-    if (threads < 2 || rows < 2 * SHARE) return 1;
-    return threads > MAX_THREADS ? MAX_THREADS : threads;
-}
-
-#ifdef __AVX512F__
 #include "bf16.h"
-#endif
 
 /* Whether this build has the vector paths (AVX-512); without them every entry returns -1 */
 int int8_rows_take(void) {

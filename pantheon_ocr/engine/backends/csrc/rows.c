@@ -28,16 +28,9 @@
 #include <omp.h>
 #endif
 
-#define MAX_THREADS 64
-#define SHARE 16 /* rows worth a second thread: a chunk's rows are, a decode step's few are not */
-
-static int threads_for(int64_t rows, int threads) {
-    if (threads < 2 || rows < 2 * SHARE) return 1;
-    return threads > MAX_THREADS ? MAX_THREADS : threads;
-}
+#include "bf16.h"
 
 #ifdef __AVX512F__
-#include "bf16.h"
 
 /* 1 / sqrt(mean(x^2) + eps) of a row of n */
 static inline float inv_rms(const float *x, int64_t n, float eps) {

@@ -70,19 +70,18 @@ def test_auto_on_macos_prefers_coreml(monkeypatch):
 @pytest.mark.parametrize("args,error,match", [
     (("bogus",), UsageError, "vision_backend 'bogus': unknown"),
     (("numpy", None, "int4"), UsageError, "vision_dtype 'int4': unknown"),
-    (("numpy", None, "int8"), UsageError, "float32 only"),
     (("coreml", None, "int8"), UsageError, "not int8"),
+    (("numpy", None, "int8"), UsageError, "int8 runs on --vision-backend torch or auto"),
     (("torch", "cpu:0", "int8"), None, None),  # the one place int8 runs (where its row passes build)
-    (("torch", "mps", "int8"), UsageError, None),  # refused: mps is absent here, or int8 runs on the CPU only
+    (("auto", None, "int8"), None, None),  # auto takes it there, whatever accelerator the machine has
     (("numpy", "cuda"), UsageError, "CPU only"),
     (("numpy", None, "bfloat16"), UsageError, "float32 only"),
     (("coreml", None, "bfloat16"), UsageError, "not bfloat16"),
     (("coreml", "cuda"), UsageError, "Core ML picks its own"),
 ])
 def test_bad_choices_are_one_line_usage_errors(args, error, match):
-    if args[0] == "torch":
-        pytest.importorskip("torch")
     if error is None:
+        pytest.importorskip("torch")
         from pantheon_ocr.engine.backends.int8_products import compiled_int8_products
 
         if compiled_int8_products() is None:
@@ -95,7 +94,8 @@ def test_bad_choices_are_one_line_usage_errors(args, error, match):
 
 
 def test_int8_products_are_refused_off_the_cpu():
-    with pytest.raises(UsageError, match="vision_dtype int8: the int8 products run on the CPU, not cuda:0"):
+    with pytest.raises(UsageError, match=r"vision_dtype int8: the int8 products run on the CPU \(--device cpu\), "
+                                         "not cuda:0"):
         B._check_int8("cuda:0")
 
 

@@ -24,11 +24,11 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ...errors import OptionError
-from ...options import VISION_DTYPES
+from ...options import VISION_BACKENDS, VISION_DTYPES
 from .common import (COREML_EXTRA, GPU_EXTRA, BackendUnavailable, check_pixels, cpu_has_bf16, cuda_has_bf16,
                      has_module, mps_available, require_torch, resolve_device)
 
-BACKENDS = ("numpy", "torch", "coreml", "auto")
+BACKENDS = VISION_BACKENDS  # the one declaration, options.py's
 DTYPES = VISION_DTYPES  # the one declaration, options.py's
 
 @runtime_checkable
@@ -66,7 +66,9 @@ def plan_vision_backend(name: str, device: str | None = None, dtype: str = "floa
     if dtype not in DTYPES:
         raise OptionError("vision_dtype", f"unknown (choose one of {', '.join(DTYPES)})", repr(dtype))
     reason = "chosen"
-    if name == "auto":
+    if name == "auto" and dtype == "int8":  # the one place its products run
+        name, device, reason = "torch", device or "cpu", "int8 products run in torch on the CPU"
+    elif name == "auto":
         name, device, reason = _auto(device)
     if name == "numpy":
         if device not in (None, "cpu"):
@@ -74,6 +76,7 @@ def plan_vision_backend(name: str, device: str | None = None, dtype: str = "floa
                                         "runs on torch devices", device)
         if dtype not in ("float32", "auto"):
             raise OptionError("vision_dtype", "the numpy vision backend computes in float32 only"
+                              + (" (int8 runs on --vision-backend torch or auto)" if dtype == "int8" else "")
                               + ("" if reason == "chosen" else f" (auto chose numpy: {reason})"), dtype)
         return name, "cpu", reason
     if name == "torch":
@@ -123,8 +126,8 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
 def _check_int8(device: str) -> None:
     """--vision-dtype int8 runs the torch tower on the CPU with the compiled int8 row passes, or refuses."""
     if device != "cpu":
-        raise OptionError("vision_dtype", f"the int8 products run on the CPU, not {device} (bfloat16 is the "
-                                          "fast choice on a GPU)", "int8")
+        raise OptionError("vision_dtype", f"the int8 products run on the CPU (--device cpu), not {device}; "
+                                          "bfloat16 is the fast choice on a GPU", "int8")
     from .int8_products import compiled_int8_products, int8_products_why
 
     if compiled_int8_products() is None:

@@ -88,11 +88,13 @@ class Int8Products:
         return q, s
 
     def smoothing(self, x, weights):
-        """s [k] float32: sqrt(max|x_j| / max_i max|w_i j|), 1 where either is 0."""
+        """s [k] float32: sqrt(max|x_j| / max_i max|w_i j|), 1 where either is 0 or not finite (a NaN or
+        an infinity then spoils only its own rows, as in bfloat16)."""
         cx = self.colmax(x)
         cw = functools.reduce(torch.maximum, (self.colmax(w) for w in weights))
         s = torch.sqrt(cx / cw)
-        return torch.where((cx > 0) & (cw > 0), s, torch.ones_like(s))
+        usable = (cx > 0) & (cw > 0) & cx.isfinite() & cw.isfinite()
+        return torch.where(usable, s, torch.ones_like(s))
 
     def prepare(self, x, weights, biases=None) -> Int8Weights:
         """weights [n_i, k] bfloat16 (as F.linear's), smoothed for the columns of x [..., k] and quantized:
@@ -111,7 +113,8 @@ class Int8Products:
 
     def __call__(self, x, weights, *, swiglu: bool = False, biases=None):
         """x [..., k] bfloat16 times each of weights [n_i, k] bfloat16 (transposed, as F.linear), plus
-        biases[i] where given -> a list of bfloat16 [..., n_i]; swiglu: weights = [gate, up] of one
+        biases[i] where given (added to the bfloat16 product: a second rounding; Pixtral's towers have
+        none) -> a list of bfloat16 [..., n_i]; swiglu: weights = [gate, up] of one
         shape -> [silu(x gate^T) * (x up^T)] [..., f]."""
         return self.prepare(x, weights, biases).apply(x, swiglu=swiglu)
 

@@ -22,7 +22,7 @@ maths as models/pixtral.py + models/lightonocr.py:
   took 0.18 s of a full page's 2.2 s layer; training never sets them.
 - `use_int8` swaps every block's q/k/v, output and feed-forward products for int8 products
   (backends/int8_products.py: rows and weights quantized per call, smoothed): `--vision-dtype int8`,
-  a choice that trades a few percent of the features' precision for ~20% of a page's time on a CPU
+  a choice that trades a few percent of the features' precision for ~15% of a page's time on a CPU
   without AMX tiles; training never sets it.
 - The patch convolution is one product over the unfolded patches (same sums; torch's bfloat16 CPU
   convolution was 6x slower than the product).

@@ -249,6 +249,10 @@ class TorchVisionBackend:
     def __init__(self, vlm, device: str = "cpu", dtype: str = "float32"):
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {list(TORCH_DTYPES)}, not {dtype!r}")
+        if dtype == "int8":  # refused before the tower is built: the CPU, where its row passes build
+            from . import _check_int8
+
+            _check_int8(device)
         self.vlm, self.device, self.dtype = vlm, device, dtype
         self.reason = "chosen"
         # on the CPU the weights the file stores as floats are used from its map (LightOnOCRVision)
@@ -270,10 +274,7 @@ class TorchVisionBackend:
         if dtype == "int8":
             from .int8_products import compiled_int8_products
 
-            products = compiled_int8_products()
-            if products is None or device != "cpu":
-                raise ValueError("the int8 products run on the CPU where their row passes build "
-                                 "(plan_vision_backend says why not)")
+            products = compiled_int8_products()  # built: _check_int8 above
             self.module.use_int8(products)
             self.kernels += f"; products: int8 ({products.why})"
 

@@ -8,14 +8,18 @@
  * gain (0.43 s for a product that takes 0.24 s in bfloat16); here each is one pass.
  *
  * - colmax_bf16: the largest |x| of each column, for the smoothing scales (int8_products.py says why).
- * - int8_rows_bf16: each row of x times a per-column factor, over its largest |.| / 127, rounded to nearest
- *   (ties to even) into int8; the row's scale (largest / 127) beside it. A zero row is zeros, scale 0.
+ * - int8_rows_bf16: each row of x times a per-column factor, times 127 / its largest |.|, rounded to nearest
+ *   (ties to even) into int8; the row's scale (largest / 127) beside it. A zero row is zeros, scale 0; a
+ *   row holding a NaN or an infinity gets scale NaN, so its products are NaN (as bfloat16's would be).
  * - dequant_i32: bfloat16 rows of int32 sums times their row's and column's scales, rounded once.
  * - swiglu_i32: the same for a [gate | up] product, then silu(gate) * up, rounded once.
- * Every row is its own: its bits depend neither on the other rows nor on the thread count.
+ * Each pass's rows are their own: their bits depend neither on the other rows nor on the thread count.
+ * (A product's rows are not: the smoothing is computed from all the rows of its call.) The rescaling is
+ * float32 arithmetic (int32 sums past 2^24 round on conversion), rounded once to bfloat16.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -67,8 +71,9 @@ int colmax_bf16(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, float *out
 #endif
 }
 
-/* q [m, k] int8 (row stride k), scale [m]: each row of x [m, k] (row stride ldx) times mul [k] (null: 1) as
- * round(v * 127 / max|v|), scale = max|v| / 127; a zero row gives zeros and scale 0 */
+/* q [m, k] int8 (row stride k), scale [m]: each row v of x [m, k] (row stride ldx) times mul [k] (null: 1) as
+ * round(v * (127 / max|v|)), scale = max|v| / 127; a zero row gives zeros and scale 0, a row with a NaN or
+ * an infinity zeros and scale NaN */
 int int8_rows_bf16(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const float *mul, int8_t *q, float *scale,
                    int threads) {
 #ifdef __AVX512F__
@@ -78,11 +83,19 @@ int int8_rows_bf16(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const f
     for (int64_t i = 0; i < m; i++) {
         const uint16_t *row = x + i * ldx;
         __m512 top = _mm512_setzero_ps();
+        __mmask16 bad = 0; /* lanes that met a NaN or an infinity (max would drop a NaN) */
         for (int64_t c = 0; c < k; c += 16) {
             __mmask16 msk = tail(k, c);
             __m512 v = load_bf16(row + c, msk);
             if (mul) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(msk, mul + c));
-            top = _mm512_max_ps(top, _mm512_abs_ps(v));
+            __m512 a = _mm512_abs_ps(v);
+            bad |= _mm512_mask_cmp_ps_mask(msk, a, _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ);
+            top = _mm512_max_ps(top, a);
+        }
+        if (bad) {
+            memset(q + i * k, 0, (size_t)k);
+            scale[i] = __builtin_nanf("");
+            continue;
         }
         float big = _mm512_reduce_max_ps(top);
         scale[i] = big / 127.0f;

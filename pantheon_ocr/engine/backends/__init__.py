@@ -76,13 +76,15 @@ def plan_vision_backend(name: str, device: str | None = None, dtype: str = "floa
                                         "runs on torch devices", device)
         if dtype not in ("float32", "auto"):
             raise OptionError("vision_dtype", "the numpy vision backend computes in float32 only"
-                              + (" (int8 runs on --vision-backend torch or auto)" if dtype == "int8" else "")
+                              + (" (int8 runs on the torch or auto vision backend)" if dtype == "int8" else "")
                               + ("" if reason == "chosen" else f" (auto chose numpy: {reason})"), dtype)
         return name, "cpu", reason
     if name == "torch":
         device = resolve_device(device)
         if dtype == "int8":
-            _check_int8(device)
+            from .int8_products import check_int8  # imports torch: only an int8 choice does
+
+            check_int8(device)
         return name, device, reason
     # coreml
     if device not in (None, "cpu"):
@@ -121,17 +123,6 @@ def make_vision_backend(name: str, vlm, device: str | None = None, dtype: str = 
         backend = CoreMLVisionBackend(vlm, dtype=dtype, cache_dir=cache_dir, compute_units=compute_units)
     backend.reason = reason
     return backend
-
-
-def _check_int8(device: str) -> None:
-    """--vision-dtype int8 runs the torch tower on the CPU with the compiled int8 row passes, or refuses."""
-    if device != "cpu":
-        raise OptionError("vision_dtype", f"the int8 products run on the CPU (--device cpu), not {device}; "
-                                          "bfloat16 is the fast choice on a GPU", "int8")
-    from .int8_products import compiled_int8_products, int8_products_why
-
-    if compiled_int8_products() is None:
-        raise BackendUnavailable("vision_dtype", f"needs the compiled int8 row passes: {int8_products_why()}", "int8")
 
 
 def resolve_dtype(name: str, device: str | None, dtype: str) -> str:

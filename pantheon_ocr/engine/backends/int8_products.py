@@ -27,7 +27,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from .common import require_torch, user_cache_dir
+from ...errors import OptionError
+from .common import BackendUnavailable, require_torch, user_cache_dir
 from .native import INT8_ROWS_SOURCE, load
 
 torch = require_torch()
@@ -186,6 +187,15 @@ def compiled_int8_products() -> Int8Products | None:
     """This process's int8 products, built on first use in the user cache, or None."""
     built = _built()
     return None if isinstance(built, str) else built
+
+
+def check_int8(device: str) -> None:
+    """The vision dtype int8 runs the torch tower on the CPU with the compiled row passes, or is refused."""
+    if device != "cpu":
+        raise OptionError("vision_dtype", f"the int8 products run on the CPU (device cpu), not {device}; "
+                                          "bfloat16 is the fast choice on a GPU", "int8")
+    if compiled_int8_products() is None:
+        raise BackendUnavailable("vision_dtype", f"needs the compiled int8 row passes: {int8_products_why()}", "int8")
 
 
 def int8_products_why() -> str:

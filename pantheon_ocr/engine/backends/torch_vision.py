@@ -45,6 +45,7 @@ from ..format.writer import unpermute_qk
 from ..memory import release_free_memory
 from ..ops import rope_angles_2d
 from .common import check_pixels, cpu_has_amx
+from .int8_products import check_int8, compiled_int8_products
 from .rows import compiled_rows, rows_why
 from .bf16_attention import BY_QUERY_BLOCKS, compiled_full_attention, compiled_softmax
 from .torch_pixtral import PixtralVision, Projector, query_block_attention
@@ -250,9 +251,7 @@ class TorchVisionBackend:
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype must be one of {list(TORCH_DTYPES)}, not {dtype!r}")
         if dtype == "int8":  # refused before the tower is built: the CPU, where its row passes build
-            from . import _check_int8
-
-            _check_int8(device)
+            check_int8(device)
         self.vlm, self.device, self.dtype = vlm, device, dtype
         self.reason = "chosen"
         # on the CPU the weights the file stores as floats are used from its map (LightOnOCRVision)
@@ -272,9 +271,7 @@ class TorchVisionBackend:
             if rows is not None:
                 self.module.use_rows(rows)
         if dtype == "int8":
-            from .int8_products import compiled_int8_products
-
-            products = compiled_int8_products()  # built: _check_int8 above
+            products = compiled_int8_products()  # built: check_int8 above
             self.module.use_int8(products)
             self.kernels += f"; products: int8 ({products.why})"
 

@@ -103,12 +103,12 @@ class Int8Products:
         k = x.shape[-1]
         if any(w.dim() != 2 or w.shape[1] != k or w.dtype != torch.bfloat16 for w in weights):
             raise ValueError(f"weights must be bfloat16 [n, {k}], got {[(w.dtype, tuple(w.shape)) for w in weights]}")
-        s = self.smoothing(self._rows(x, "int8 products"), weights)
+        s = self.smoothing(x, weights)
         sizes = [w.shape[0] for w in weights]
         qw, sw = torch.empty(sum(sizes), k, dtype=torch.int8), torch.empty(sum(sizes))
         at = 0
         for w, n in zip(weights, sizes):  # every weight's rows into one matrix: one product for all
-            self.quantize(w.contiguous(), s, qw[at:at + n], sw[at:at + n])
+            self.quantize(w, s, qw[at:at + n], sw[at:at + n])
             at += n
         return Int8Weights(self, torch.reciprocal(s), qw, sw, sizes, biases)
 

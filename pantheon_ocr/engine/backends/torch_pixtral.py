@@ -116,35 +116,28 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.products is not None and self.gate_proj.bias is None and self.up_proj.bias is None:
-            return self._int8_by_rows(x)
+            # the int8 products: gate and up quantized once for all rows, silu(gate) * up made as their sums
+            # are rescaled; the down product's weights quantized for each piece's own columns (~1 ms each)
+            gate_up = self.products.prepare(x, [self.gate_proj.weight, self.up_proj.weight])
+            down, bias = self.down_proj.weight, self.down_proj.bias
+            return self._by_rows(x, lambda part: self.products(gate_up.apply(part, swiglu=True)[0], [down],
+                                                               biases=[bias])[0])
         if self.rows is not None:
-            return self._by_rows(x)
+            return self._by_rows(x, lambda part: self.down_proj(self.rows.swiglu_bf16_(self.gate_proj(part),
+                                                                                       self.up_proj(part))))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def _by_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """forward() FFN_ROWS rows at a time, silu(gate) * up in one pass into the gate's rows. Why: the
-        [rows, ff] products stay in the cache for the down product, where a full page's [9,350, 4,096]
-        went out to memory and back: its FFN 0.56-0.58 against 0.61-0.64 s a layer (2 threads, AVX-512
-        BF16 EPYC); with the SwiGLU in place, a page's vision peaks ~270 MB lower."""
+    @staticmethod
+    def _by_rows(x: torch.Tensor, piece) -> torch.Tensor:
+        """forward() FFN_ROWS rows at a time, piece(rows) -> their output, under use_rows (silu(gate) * up in
+        one pass into the gate's rows) and use_int8. Why: the [rows, ff] products stay in the cache for the
+        down product, where a full page's [9,350, 4,096] went out to memory and back: its FFN 0.56-0.58
+        against 0.61-0.64 s a layer (2 threads, AVX-512 BF16 EPYC); a page's vision peaks ~270 MB lower
+        (in int8, ~120 MB)."""
         rows = x.reshape(-1, x.shape[-1])  # [M, D]
         out = torch.empty_like(rows)  # down_proj maps back to D
         for s in range(0, rows.shape[0], FFN_ROWS):
-            part = rows[s:s + FFN_ROWS]
-            out[s:s + FFN_ROWS] = self.down_proj(self.rows.swiglu_bf16_(self.gate_proj(part), self.up_proj(part)))
-        return out.view(x.shape)
-
-    def _int8_by_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """forward() in the int8 products (PixtralVision.use_int8), FFN_ROWS rows at a time as _by_rows:
-        gate and up quantized once for all rows, silu(gate) * up made as the sums are rescaled. Why by
-        rows: a full page's [9,350, 4,096] SwiGLU whole held ~120 MB more at its peak (the down product's
-        weights are quantized for each piece's own columns instead, ~1 ms each)."""
-        rows = x.reshape(-1, x.shape[-1])  # [M, D]
-        gate_up = self.products.prepare(rows, [self.gate_proj.weight, self.up_proj.weight])
-        down = self.down_proj.weight
-        out = torch.empty_like(rows)
-        for s in range(0, rows.shape[0], FFN_ROWS):
-            (a,) = gate_up.apply(rows[s:s + FFN_ROWS], swiglu=True)  # [rows, ff]
-            out[s:s + FFN_ROWS] = self.products(a, [down], biases=[self.down_proj.bias])[0]
+            out[s:s + FFN_ROWS] = piece(rows[s:s + FFN_ROWS])
         return out.view(x.shape)
 
 

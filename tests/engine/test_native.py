@@ -310,3 +310,28 @@ def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypa
     _, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8",
                                             kv_dtype="float32"))
     assert why == [f"products: {products.why}", f"prompt rows: {rows_why()}"]
+
+
+def test_a_library_says_what_runs_in_its_place(tmp_path):
+    """native.Library: a build whose `takes` function says no is refused with `lacks`; one that builds
+    carries load()'s line; compiled() is one kernel per process, and why() its line."""
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    from pantheon_ocr.engine.backends.rows import Rows
+
+    class Refusing(Rows):
+        def __init__(self, path):
+            super().__init__(path)
+            self.lib = type("Lib", (), {"never": staticmethod(lambda: 0)})()
+
+    refused = native.Library("rows", native.ROWS_SOURCE, Refusing, "row operations", "torch's", "never",
+                             "the build lacks it")
+    assert refused.build(tmp_path, isa="AVX2") == "torch's (the build lacks it)"
+    assert refused.compiled() is None and refused.why() == "torch's (the build lacks it)"
+    lib = native.Library("rows", native.ROWS_SOURCE, Rows, "row operations", "torch's", "rows_take", "no AVX-512")
+    built = lib.build(tmp_path, isa="AVX2")
+    assert built == "torch's (no AVX-512)"  # rows.c's passes need AVX-512: the AVX2 build says so
+    if "avx512f" in cpu_flags():
+        kernel = lib.compiled()
+        assert kernel is lib.compiled() and lib.why() == kernel.why
+        assert kernel.why.startswith(f"the compiled {native.isas_here()[0]} row operations (")

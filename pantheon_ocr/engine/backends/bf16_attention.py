@@ -1,5 +1,5 @@
 """Attention kernels in bfloat16 for CPUs with AVX-512 BF16 (csrc/bf16_attention.c, which says why),
-built by native.py's outline into the user cache and called through ctypes: the vision tower's
+built by native.Library into the user cache and called through ctypes: the vision tower's
 attention (in SDPA's form, torch_vision's choice on a CPU without AMX tiles), a softmax over bfloat16
 scores in place (torch_pixtral.query_block_attention), and a prompt chunk's causal attention over a
 decoder's bfloat16 or int8 KV pool (torch_blocks.TorchBlocks.prompt_attention). Where the library does
@@ -16,12 +16,11 @@ not build or the CPU has no AVX-512 BF16, each is None and torch's runs.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
 
-from .common import cpu_has_amx, require_torch, user_cache_dir
-from .native import BF16_SOURCE, load
+from .common import cpu_has_amx, require_torch
+from .native import BF16_SOURCE, Library
 
 torch = require_torch()
 
@@ -39,7 +38,7 @@ def _check(rc: int, what: str, refused: str) -> None:
 class CompiledSoftmax:
     """The library's softmax: `softmax(scores)` over the last axis of a contiguous 2-D bfloat16 tensor."""
 
-    why = ""  # load()'s line, set by _build: "the compiled <ISA> softmax (path; threads)"
+    why = ""  # Library.build's line: "the compiled <ISA> softmax (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -60,7 +59,7 @@ class FullAttention:
     [B, H, N, D], with an optional additive key mask [B, 1, 1, N]; each row's scores, exponentials
     and sums in float32, its weights rounded to bfloat16 for the weighted values."""
 
-    why = ""  # load()'s line, set by _build: "the compiled <ISA> vision attention (path; threads)"
+    why = ""  # Library.build's line: "the compiled <ISA> vision attention (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -98,7 +97,7 @@ class PromptAttention:
     """The library's prompt attention: a chunk of one sequence's queries over its pool slot, causal."""
 
     KINDS = {"bfloat16": 0, "int8": 1}  # pool kind -> the kernel's code
-    why = ""  # load()'s line, set by _build: "the compiled <ISA> prompt attention (path; threads)"
+    why = ""  # Library.build's line: "the compiled <ISA> prompt attention (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -143,63 +142,20 @@ class PromptAttention:
 
 
 BY_QUERY_BLOCKS = "torch's products by query blocks"
-# the library's kernels: what each is called, and what runs where it does not build
-KERNELS = {CompiledSoftmax: ("softmax", "torch's softmax"), FullAttention: ("vision attention", BY_QUERY_BLOCKS),
-           PromptAttention: ("prompt attention", BY_QUERY_BLOCKS)}
-
-
-def _build(make, cache_dir, cc: str | None):
-    what, otherwise = KERNELS[make]
-    kernel, why = load("bf16_attention", BF16_SOURCE, make, what, otherwise, cache_dir, cc)
-    if kernel is not None and not kernel.lib.softmax_takes():
-        return f"{otherwise} ({NO_BF16})"
-    if kernel is None:
-        return why
-    kernel.why = why
-    return kernel
-
-
-def build(cache_dir, cc: str | None = None) -> CompiledSoftmax | str:
-    """The softmax built (or found built) under cache_dir, or why there is none."""
-    return _build(CompiledSoftmax, cache_dir, cc)
-
-
-def build_full_attention(cache_dir, cc: str | None = None) -> FullAttention | str:
-    """The vision attention built (or found built) under cache_dir, or why there is none."""
-    return _build(FullAttention, cache_dir, cc)
-
-
-def build_prompt_attention(cache_dir, cc: str | None = None) -> PromptAttention | str:
-    """The prompt attention built (or found built) under cache_dir, or why there is none."""
-    return _build(PromptAttention, cache_dir, cc)
-
-
-@functools.cache
-def _here(make):
-    """This process's kernel `make`, built on first use in the user cache, or why there is none."""
-    return _build(make, user_cache_dir() / "kernels", None)
-
-
-def _or_none(make):
-    built = _here(make)
-    return None if isinstance(built, str) else built
-
-
-def compiled_softmax() -> CompiledSoftmax | None:
-    """This process's softmax, or None (torch's then runs)."""
-    return _or_none(CompiledSoftmax)
-
-
-def compiled_full_attention() -> FullAttention | None:
-    """This process's vision attention, or None (torch's products by query blocks then run,
-    torch_pixtral.query_block_attention)."""
-    return _or_none(FullAttention)
-
-
-def compiled_prompt_attention() -> PromptAttention | None:
-    """This process's prompt attention, or None (torch's products by query blocks then run,
-    torch_blocks.causal_block_attention)."""
-    return _or_none(PromptAttention)
+# the library's kernels, one source: what each is called, and what runs where it does not build
+SOFTMAX = Library("bf16_attention", BF16_SOURCE, CompiledSoftmax, "softmax", "torch's softmax", "softmax_takes", NO_BF16)
+FULL = Library("bf16_attention", BF16_SOURCE, FullAttention, "vision attention", BY_QUERY_BLOCKS, "softmax_takes",
+               NO_BF16)
+PROMPT = Library("bf16_attention", BF16_SOURCE, PromptAttention, "prompt attention", BY_QUERY_BLOCKS, "softmax_takes",
+                 NO_BF16)
+build, build_full_attention, build_prompt_attention = SOFTMAX.build, FULL.build, PROMPT.build  # (cache_dir, cc=None)
+compiled_softmax = SOFTMAX.compiled  # this process's softmax, or None (torch's then runs)
+# this process's vision attention, or None (torch's products by query blocks then run,
+# torch_pixtral.query_block_attention)
+compiled_full_attention = FULL.compiled
+# this process's prompt attention, or None (torch's products by query blocks then run,
+# torch_blocks.causal_block_attention)
+compiled_prompt_attention = PROMPT.compiled
 
 
 def prompt_attention_why() -> str:
@@ -207,5 +163,5 @@ def prompt_attention_why() -> str:
     (torch_blocks.TorchBlocks.prompt_attend's choice before the decoder's heads are known)."""
     if cpu_has_amx():
         return "torch's fused kernel in bfloat16 (the CPU has AMX tiles)"
-    built = _here(PromptAttention)
-    return built if isinstance(built, str) else f"{built.why}, where it takes the decoder's heads"
+    built = PROMPT.compiled()
+    return PROMPT.why() if built is None else f"{built.why}, where it takes the decoder's heads"

@@ -1,5 +1,5 @@
 """Products of bfloat16 rows in int8 (csrc/int8_rows.c's passes around torch's _int_mm), built by
-native.py's outline into the user cache and called through ctypes: the vision tower's q/k/v, output and
+native.Library into the user cache and called through ctypes: the vision tower's q/k/v, output and
 feed-forward products under `--vision-dtype int8` (torch_pixtral.PixtralVision.use_int8).
 
     products = compiled_int8_products()             # None where the kernels do not build (int8_products_why())
@@ -28,8 +28,8 @@ import ctypes
 import functools
 
 from ...errors import OptionError
-from .common import BackendUnavailable, require_torch, user_cache_dir
-from .native import INT8_ROWS_SOURCE, load
+from .common import BackendUnavailable, require_torch
+from .native import INT8_ROWS_SOURCE, Library
 
 torch = require_torch()
 
@@ -46,7 +46,7 @@ def chunk_rows(n: int) -> int:
 class Int8Products:
     """csrc/int8_rows.c loaded: `products(x, weights, swiglu=False)`."""
 
-    why = ""  # load()'s line: "the compiled <ISA> int8 row passes (path; threads)"
+    why = ""  # Library.build's line: "the compiled <ISA> int8 row passes (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -166,27 +166,11 @@ def _check(rc: int, what: str) -> None:
         raise ValueError(f"int8 {what} refused its arguments (code {rc})")
 
 
-def build(cache_dir, cc: str | None = None, isa: str | None = None) -> Int8Products | str:
-    """The int8 row passes built (or found built) under cache_dir, or why there are none."""
-    kernel, why = load("int8_rows", INT8_ROWS_SOURCE, Int8Products, "int8 row passes", "no int8 products",
-                       cache_dir, cc, isa)
-    if kernel is None:
-        return why
-    if not kernel.lib.int8_rows_take():
-        return "no int8 products (the build has no AVX-512)"
-    kernel.why = why
-    return kernel
-
-
-@functools.cache
-def _built() -> Int8Products | str:
-    return build(user_cache_dir() / "kernels")
-
-
-def compiled_int8_products() -> Int8Products | None:
-    """This process's int8 products, built on first use in the user cache, or None."""
-    built = _built()
-    return None if isinstance(built, str) else built
+INT8_ROWS = Library("int8_rows", INT8_ROWS_SOURCE, Int8Products, "int8 row passes", "no int8 products",
+                    "int8_rows_take", "the build has no AVX-512")
+build = INT8_ROWS.build  # (cache_dir, cc=None, isa=None) -> Int8Products, or why there are none
+compiled_int8_products = INT8_ROWS.compiled  # this process's int8 products, built on first use, or None
+int8_products_why = INT8_ROWS.why  # one line: the int8 products here, or why there are none
 
 
 def check_int8(device: str) -> None:
@@ -197,8 +181,3 @@ def check_int8(device: str) -> None:
     if compiled_int8_products() is None:
         raise BackendUnavailable("vision_dtype", f"needs the compiled int8 row passes: {int8_products_why()}", "int8")
 
-
-def int8_products_why() -> str:
-    """One line: the int8 products here, or why there are none."""
-    built = _built()
-    return built if isinstance(built, str) else built.why

@@ -172,6 +172,41 @@ def load(stem: str, source: Path, make, what: str, otherwise: str, cache_dir: Pa
         return None, f"{otherwise} ({path} does not load: {exc})"
 
 
+class Library:
+    """One library of csrc/ as one kind of kernel: `build(cache_dir)` builds it (or finds it built) as
+    load() does, `compiled()` is this process's (built on first use in the user cache) or None, `why()`
+    the line saying which path runs. `takes`: the library's function that says whether the build and
+    the CPU run it (False where the build lacks what it needs: `lacks` says what). Several kinds may
+    share one source (bf16_attention.py: softmax, vision and prompt attention): each loads it itself."""
+
+    def __init__(self, stem: str, source: Path, make, what: str, otherwise: str, takes: str, lacks: str):
+        self.stem, self.source, self.make, self.what, self.otherwise = stem, source, make, what, otherwise
+        self.takes, self.lacks = takes, lacks
+
+    def build(self, cache_dir, cc: str | None = None, isa: str | None = None):
+        """The kernel built (or found built) under cache_dir with compiler cc ($CC, else cc) for one of
+        ISAS (the best this CPU has if None), its `why` set; or why there is none."""
+        kernel, why = load(self.stem, self.source, self.make, self.what, self.otherwise, cache_dir, cc, isa)
+        if kernel is None:
+            return why
+        if not getattr(kernel.lib, self.takes)():
+            return f"{self.otherwise} ({self.lacks})"
+        kernel.why = why
+        return kernel
+
+    @functools.cached_property
+    def _here(self):
+        return self.build(user_cache_dir() / "kernels")
+
+    def compiled(self):
+        """This process's kernel, or None."""
+        return None if isinstance(self._here, str) else self._here
+
+    def why(self) -> str:
+        """One line: this process's kernel, or what runs in its place and why."""
+        return self._here if isinstance(self._here, str) else self._here.why
+
+
 def build(cache_dir: Path, cc: str | None = None, isa: str | None = None) -> Built:
     """The decode attention built (or found built) under cache_dir with compiler cc ($CC, else cc)
     for one of ISAS (the best this CPU has if None), or why not."""

@@ -1,5 +1,5 @@
 """A prompt chunk's row operations in one pass each (csrc/rows.c, which says why and how), built by
-native.py's outline into the user cache and called through ctypes by torch_blocks.TorchBlocks for
+native.Library into the user cache and called through ctypes by torch_blocks.TorchBlocks for
 prompt rows: the per-head norm and rotary embedding of its queries and keys, the SwiGLU of its gate
 and up products, and an int8 KV pool's store of its keys and values; and by the vision tower's blocks
 in bfloat16 on the CPU (torch_pixtral.PixtralVision.use_rows): their norms, rotary embedding and
@@ -18,12 +18,11 @@ AVX-512, `compiled_rows()` is None and torch's and numpy's operations run.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
 
-from .common import require_torch, user_cache_dir
-from .native import ROWS_SOURCE, load
+from .common import require_torch
+from .native import ROWS_SOURCE, Library
 
 torch = require_torch()
 
@@ -31,7 +30,7 @@ torch = require_torch()
 class Rows:
     """csrc/rows.c loaded."""
 
-    why = ""  # load()'s line: "the compiled <ISA> row operations (path; threads)"
+    why = ""  # Library.build's line: "the compiled <ISA> row operations (path; threads)"
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(str(path))
@@ -155,29 +154,8 @@ def _checked(rc: int, y, what: str):
     return y
 
 
-def build(cache_dir, cc: str | None = None, isa: str | None = None) -> Rows | str:
-    """The row operations built (or found built) under cache_dir, or why there are none."""
-    kernel, why = load("rows", ROWS_SOURCE, Rows, "row operations", "torch's row operations", cache_dir, cc, isa)
-    if kernel is None:
-        return why
-    if not kernel.lib.rows_take():
-        return "torch's row operations (the build has no AVX-512)"
-    kernel.why = why
-    return kernel
-
-
-@functools.cache
-def _built() -> Rows | str:
-    return build(user_cache_dir() / "kernels")
-
-
-def compiled_rows() -> Rows | None:
-    """This process's row operations, built on first use in the user cache, or None."""
-    built = _built()
-    return None if isinstance(built, str) else built
-
-
-def rows_why() -> str:
-    """One line: which row operations a prompt takes here, and why."""
-    built = _built()
-    return built if isinstance(built, str) else built.why
+ROWS = Library("rows", ROWS_SOURCE, Rows, "row operations", "torch's row operations", "rows_take",
+               "the build has no AVX-512")
+build = ROWS.build  # (cache_dir, cc=None, isa=None) -> Rows, or why there are none
+compiled_rows = ROWS.compiled  # this process's row operations, built on first use in the user cache, or None
+rows_why = ROWS.why  # one line: which row operations a prompt takes here, and why

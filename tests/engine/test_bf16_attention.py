@@ -25,30 +25,23 @@ from pantheon_ocr.engine.attention import naive_attention  # noqa: E402
 from pantheon_ocr.engine.backends import bf16_attention as S  # noqa: E402
 from pantheon_ocr.engine.backends import torch_blocks  # noqa: E402
 from pantheon_ocr.engine.cache import KVCache, KVPool  # noqa: E402
-from pantheon_ocr.engine.backends.common import cpu_flags  # noqa: E402
 from pantheon_ocr.engine.backends.torch_pixtral import query_block_attention  # noqa: E402
 
-from .test_native import can_build_here  # noqa: E402
+from .test_native import compiled_or_skip  # noqa: E402
 
-
-def or_skip(kernel, what: str):
-    if kernel is None:
-        assert not (can_build_here() and {"avx512f", "avx512bw", "avx512_bf16"} <= cpu_flags()), \
-            f"the {what} should run on this machine"
-        pytest.skip(f"no compiled {what} here (no compiler or no AVX-512 BF16)")
-    return kernel
+BF16_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})  # what the kernels need of the CPU
 
 
 def softmax_or_skip() -> S.CompiledSoftmax:
-    return or_skip(S.compiled_softmax(), "softmax")
+    return compiled_or_skip(S.SOFTMAX, BF16_FLAGS)
 
 
 def full_or_skip() -> S.FullAttention:
-    return or_skip(S.compiled_full_attention(), "vision attention")
+    return compiled_or_skip(S.FULL, BF16_FLAGS)
 
 
 def prompt_or_skip() -> S.PromptAttention:
-    return or_skip(S.compiled_prompt_attention(), "prompt attention")
+    return compiled_or_skip(S.PROMPT, BF16_FLAGS)
 
 
 @pytest.mark.parametrize("cols", [1, 15, 17, 300, 9350])

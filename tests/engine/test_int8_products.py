@@ -11,20 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pantheon_ocr.engine.backends import int8_products as i8  # noqa: E402
-from pantheon_ocr.engine.backends import native  # noqa: E402
 
-from .test_native import can_build_here  # noqa: E402
+from .test_native import compiled_or_skip  # noqa: E402
 
 F = torch.nn.functional
 
 
 def products_or_skip() -> i8.Int8Products:
-    kernel = i8.compiled_int8_products()
-    if kernel is None:
-        assert not (can_build_here() and "avx512f" in native.cpu_flags()), \
-            f"the int8 row passes should build on this machine: {i8.int8_products_why()}"
-        pytest.skip(i8.int8_products_why())
-    return kernel
+    return compiled_or_skip(i8.INT8_ROWS)
 
 
 def _bf16(*shape, seed=0, scale=1.0):

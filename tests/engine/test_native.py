@@ -31,6 +31,17 @@ def can_build_here() -> bool:
         and shutil.which(os.environ.get("CC") or "cc") is not None
 
 
+def compiled_or_skip(library: native.Library, needs: frozenset[str] = frozenset({"avx512f"})):
+    """This process's kernel of `library`; where there is none a skip, unless this machine (a C compiler,
+    an x86-64 CPU with AVX2 and the CPU flags `needs`) should have built it."""
+    kernel = library.compiled()
+    if kernel is None:
+        assert not (can_build_here() and needs <= cpu_flags()), \
+            f"the {library.what} should build on this machine: {library.why()}"
+        pytest.skip(library.why())
+    return kernel
+
+
 def kernel_or_skip() -> native.DecodeAttention:
     built = native.decode_attention()
     if built.kernel is None:

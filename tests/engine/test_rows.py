@@ -13,24 +13,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pantheon_ocr.engine import load_model  # noqa: E402
-from pantheon_ocr.engine.backends import native, rows  # noqa: E402
+from pantheon_ocr.engine.backends import rows  # noqa: E402
 from pantheon_ocr.engine.backends.torch_blocks import Rope  # noqa: E402
 from pantheon_ocr.engine.cache import _int8_of  # noqa: E402
 
 from .conftest import LIGHTONOCR_TEXT  # noqa: E402
 from .test_batch_exact import _prompts  # noqa: E402
-from .test_native import can_build_here  # noqa: E402
+from .test_native import compiled_or_skip  # noqa: E402
 
 F = torch.nn.functional
 
 
 def rows_or_skip() -> rows.Rows:
-    kernel = rows.compiled_rows()
-    if kernel is None:
-        assert not (can_build_here() and "avx512f" in native.cpu_flags()), \
-            f"the row operations should build on this machine: {rows.rows_why()}"
-        pytest.skip(rows.rows_why())
-    return kernel
+    return compiled_or_skip(rows.ROWS)
 
 
 def _torch_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .options import EngineOptions, PipelineOptions, SamplingOptions, specs
 
 __all__ = ["Page", "Reader"]
@@ -99,7 +99,12 @@ class Reader:
 
         with tempfile.TemporaryDirectory(prefix="pantheon-ocr-api-") as scratch:
             problems: list = []
-            paths = [_as_path(s, Path(scratch), i) for i, s in enumerate(sources)]
+            paths = []
+            for i, source in enumerate(_sources(sources)):
+                try:
+                    paths.append(_as_path(source, Path(scratch), i))
+                except InputError as e:  # one bad in-memory image is that document's failure, not the run's
+                    yield Page(e.path, 0, "", 0, None, e.problem)
             documents = expand_inputs([str(p) for p in paths], problems)
             for e in problems:
                 yield Page(str(e.path), 0, "", 0, None, e.problem)
@@ -114,8 +119,11 @@ class Reader:
         from .pipeline.run import run_pipeline
         from .pipeline.types import PageFailure, RunSummary
 
+        from .pipeline.outputs import check_output_folder
+
+        check_output_folder(out_dir)  # before any page is read: a run that cannot keep its outputs stops now
         problems: list = []
-        documents = expand_inputs([str(i) for i in inputs], problems)
+        documents = expand_inputs([str(i) for i in _sources(inputs)], problems)
         unreadable = tuple(PageFailure(e.path, None, e.problem) for e in problems)
         if not documents:
             return RunSummary((), unreadable=unreadable)
@@ -208,22 +216,61 @@ def _page(result) -> Page:
                 TEXT_LAYER if result.from_text_layer else "ocr")
 
 
+def _sources(sources: Any) -> list:
+    """The sources of read_many / transcribe as a list. One path, image or bytes is one source:
+    iterated, a string would be its characters (and "/" among them the whole file system)."""
+    if isinstance(sources, (str, os.PathLike, bytes, bytearray)) or _is_image(sources):
+        return [sources]
+    try:
+        return list(sources)
+    except TypeError:
+        raise UsageError(f"expected paths or images (a list of them, or one), got a {type(sources).__name__}") from None
+
+
+def _is_image(source: Any) -> bool:
+    """A PIL image or a numpy array (without importing either for a path)."""
+    kind = type(source).__module__.split(".")[0]
+    return kind in ("PIL", "numpy") and hasattr(source, "shape" if kind == "numpy" else "size")
+
+
+_ARRAY_SHAPES = "[H, W] (grey), [H, W, 3] (RGB) or [H, W, 4] (RGBA)"
+
+
 def _as_path(source: Any, scratch: Path, i: int) -> Path:
-    """A path for a source: paths as they are; images and image bytes saved as PNG in `scratch`."""
+    """A path for a source: paths as they are; images and image bytes saved as PNG in `scratch`.
+    UsageError for what is no image at all (a number, None); InputError, naming the image by its
+    place in the list, for an image that cannot be read (undecodable bytes, an odd array)."""
     if isinstance(source, (str, os.PathLike)):
         return Path(source)
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
+    name = f"image {i + 1}"
     if isinstance(source, (bytes, bytearray)):
         import io
 
-        source = Image.open(io.BytesIO(source))
+        try:
+            source = Image.open(io.BytesIO(source))
+            source.load()
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+            problem = "no bytes" if not source else f"not a readable image ({len(source):,} bytes): {e}"
+            raise InputError(name, problem) from None
     elif not isinstance(source, Image.Image):
         import numpy as np
 
         if not isinstance(source, np.ndarray):
             raise UsageError(f"cannot read a {type(source).__name__}: give a path, a PIL image, a uint8 array or image bytes")
+        if source.dtype != np.uint8 or not (source.ndim == 2 or (source.ndim == 3 and source.shape[2] in (3, 4))) \
+                or 0 in source.shape:
+            raise InputError(name, f"an image array must be uint8 {_ARRAY_SHAPES}, not {source.dtype} "
+                                   f"{list(source.shape)}")
         source = Image.fromarray(source)
+    if source.width < 1 or source.height < 1:
+        raise InputError(name, f"an empty image ({source.width} x {source.height})")
+    if source.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):  # what PNG keeps; others read as RGB
+        source = source.convert("RGB")
     path = scratch / f"image-{i + 1}.png"
-    source.save(path)
+    try:
+        source.save(path)
+    except (OSError, ValueError) as e:
+        raise InputError(name, f"cannot be stored as PNG: {e}") from None
     return path

@@ -71,9 +71,10 @@ class ModelError(PantheonError):
 
     exit_code = ExitCode.BAD_MODEL
 
-    def __init__(self, path: object, problem: str):
+    def __init__(self, path: object, problem: str, option: str | None = None):
         self.path = str(path)
         self.problem = problem
+        self.option = option  # the setting that named the file (`model`, `mmproj`), where one did
         super().__init__(f"{path_text(self.path)}: {problem}")
 
 

@@ -33,6 +33,7 @@ ATTENTION_KINDS = ("flash", "naive")  # prefill / vision attention: blocked, or 
 SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them into blocks or lines first
 FORMATS = ("md", "jsonl", "txt")
 TEXT_LAYER_MODES = ("ocr", "prefer", "fallback")  # what a PDF's own text layer is used for
+MAX_THREADS = 512  # threads or render processes: more is a typo, and each costs a start and memory
 OVERLAP_WORDS = {None: "auto", True: "on", False: "off"}  # PipelineOptions.overlap as the benchmarks spell it
 MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
 PREFILL_CHUNK = 512  # prompt tokens per prefill step: a Letter page's ~2,330-token prompt is 5 chunks
@@ -151,7 +152,7 @@ class SamplingOptions:
     max_tokens: int = option(4096, "Tokens per page at most (a dense page of LightOnOCR output is ~1-2k).", lo=1)
     temperature: float = option(0.0, "0 = greedy: OCR wants the most likely reading, reproducibly.", lo=0)
     top_p: float = option(1.0, "Nucleus sampling mass (with --temperature > 0).", lo=0, hi=1, lo_open=True)
-    seed: int | None = option(0, "Sampling seed.", kind="int")  # None: a fresh random seed
+    seed: int | None = option(0, "Sampling seed.", kind="int", lo=0)  # None: a fresh random seed
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -160,6 +161,8 @@ class SamplingOptions:
             raise UsageError(f"temperature must be a finite number >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise UsageError(f"seed must be an integer >= 0 (got {self.seed!r})")  # what numpy's generators take
 
 
 # ------------------------------------------------------------------------------------- engine
@@ -191,7 +194,7 @@ class EngineOptions:
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")
     gpu_decode: bool = option(False, "Run the batched decode matmuls on the torch --device.")
-    threads: int | None = option(None, "Math threads in all (default: every core).", kind="int", lo=1)
+    threads: int | None = option(None, "Math threads in all (default: every core).", kind="int", lo=1, hi=MAX_THREADS)
     # Benchmarks only (figures quoted from these must say so): the first N layers of a tower, the
     # naive attention reference, and pages that always run to max_tokens.
     vision_layers: int | None = option(None, "Run only the first N vision layers.", kind="int", lo=1, cli=False, job=False)
@@ -220,7 +223,8 @@ class PipelineOptions:
     overlap: bool | None = option(None, "Run the vision stage on its own thread, overlapped with prefill and decode "
                                         "(default: where it pays: vision on a GPU or Core ML, or a small vision tower; "
                                         "a large tower on the CPU runs in whole-core phases instead).", kind="bool")
-    render_workers: int = option(2, "Processes rendering PDF pages.", lo=1)
+    render_workers: int = option(2, "Processes rendering PDF pages (started as pages wait for them).", lo=1,
+                                 hi=MAX_THREADS)
     render_timeout: float = option(120.0, "Seconds before a stuck render is killed.", lo=0, lo_open=True, cli=False)
     page_timeout: float | None = option(None, "Fail a page whose vision + prefill + decode take longer (reason: "
                                               "timeout); the batch goes on.", kind="float", lo=0, hi=86400,

@@ -179,3 +179,36 @@ def test_no_model_means_the_bundled_reader_and_without_it_one_clear_error(monkey
     monkeypatch.setattr(loader, "BUNDLED", tmp_path / "absent")
     with pytest.raises(UsageError, match="no model given and this install has no bundled reader: pull one"):
         loader.resolve_model(None, None)
+
+
+def test_a_model_path_that_is_not_there_is_exit_3_naming_it(tmp_path):
+    """A typo in --model or --mmproj: the path and "no such file", exit 3 (a model problem), not a
+    demand for --mmproj."""
+    from pantheon_ocr.errors import ModelError
+    from pantheon_ocr.modelfiles import resolve as loader
+
+    with pytest.raises(ModelError, match="nope.gguf: no such model file") as e:
+        loader.resolve_model(tmp_path / "nope.gguf", None)
+    assert e.value.option == "model"
+    with pytest.raises(ModelError, match="mm.gguf: no such model file") as e:
+        loader.resolve_model(MODEL / "text.gguf", tmp_path / "mm.gguf")
+    assert e.value.option == "mmproj"
+    code, _, err = transcribe(DOCS / "text-1page.pdf", out=tmp_path / "out")  # the good path still loads
+    assert code == 0, err
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", tmp_path / "nope.gguf", "-o", tmp_path / "o2")
+    assert code == 3 and "nope.gguf: no such model file" in err and "--mmproj" not in err
+
+
+@pytest.mark.parametrize("flag, value, says", [("--seed", "-1", "x>=0"), ("--threads", "100000", "1<=x<=512"),
+                                               ("--render-workers", "10000", "1<=x<=512")])
+def test_counts_past_their_range_are_refused_naming_the_flag(tmp_path, flag, value, says):
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path, flag, value)
+    assert code == 2 and f"Invalid value for '{flag}'" in err and says in err and not list(tmp_path.iterdir())
+
+
+def test_a_pdf_saved_with_an_image_name_is_read_as_a_pdf(tmp_path):
+    """The PDF header decides (as PDF readers look for it), not the name: a PDF saved as .png."""
+    shutil.copy(DOCS / "report-3pages.pdf", tmp_path / "report.png")
+    code, _, err = transcribe(tmp_path / "report.png", out=tmp_path / "out")
+    assert code == 0, err
+    assert markers(md_body(tmp_path / "out" / "report.md")) == [1, 2, 3]

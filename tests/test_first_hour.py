@@ -66,6 +66,38 @@ def test_read_many_files_images_and_bad_paths(reader, tmp_path):
     assert not bad.ok and bad.page == 0 and "no such file" in bad.error
 
 
+def test_one_path_string_is_one_document_not_its_characters(reader, tmp_path):
+    """read_many / transcribe given a single path (a str, not a list) read that one document: as an
+    iterable, "a/b.pdf" would be its characters, "/" among them (the whole file system)."""
+    one = str(DOCS / "text-1page.pdf")
+    assert [(p.document, p.page, p.ok) for p in reader.read_many(one)] == [(one, 1, True)]
+    summary = reader.transcribe(one, tmp_path / "out")
+    assert [d.status for d in summary.documents] == ["written"] and summary.unreadable == ()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["text-1page.md"]
+
+
+def test_unreadable_in_memory_images_are_their_own_failures(reader):
+    good = np.full((60, 200, 3), 255, np.uint8)
+    bad = [b"garbage", b"", np.zeros((0, 0), np.uint8), np.zeros((40, 80), np.float32), np.zeros((2, 3, 4, 5), np.uint8)]
+    pages = list(reader.read_many([*bad, good]))
+    failed = [p for p in pages if not p.ok]
+    assert [p.document for p in failed] == [f"image {i}" for i in range(1, 6)] and all(p.page == 0 for p in failed)
+    assert "not a readable image (7 bytes)" in failed[0].error and failed[1].error == "no bytes"
+    assert all("must be uint8" in p.error for p in failed[2:])
+    assert [p.ok for p in pages if p.ok] == [True]  # the good image after them was read
+    with pytest.raises(pantheon_ocr.api.UsageError, match="cannot read a int"):
+        list(reader.read_many([42]))
+
+
+def test_an_output_folder_that_cannot_be_written_stops_before_any_page(reader, tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(pantheon_ocr.errors.WriteError, match="afile/sub: cannot make the output folder"):
+        reader.transcribe([DOCS / "text-1page.pdf"], tmp_path / "afile" / "sub")
+    r = cli("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "afile" / "sub")
+    assert r.returncode == 73 and "sub: cannot make the output folder: Not a directory" in r.stderr
+    assert "engine:" not in r.stderr  # said before the model loaded
+
+
 def test_stopping_early_stops_the_run(reader):
     t0 = time.perf_counter()
     for page in reader.read(DOCS / "report-3pages.pdf"):
@@ -92,6 +124,15 @@ def test_stdout_gets_the_text_and_no_temp_path(tmp_path):
     proc = cli("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--max-tokens", "4", "--no-progress")
     assert proc.returncode == 0 and proc.stdout.startswith("<!-- page 1")
     assert "pantheon-ocr-" not in proc.stderr and "->" not in proc.stderr  # the scratch folder is nobody's business
+
+
+def test_stdout_with_several_documents_names_each(tmp_path):
+    """Several documents on one stream: each starts with its source record, in input order."""
+    docs = [DOCS / "text-1page.pdf", DOCS / "scanned.pdf"]
+    proc = cli("transcribe", *docs, "--model", MODEL, "-o", "-", "--max-tokens", "4", "--no-progress")
+    heads = [line for line in proc.stdout.splitlines() if line.startswith("<!-- pantheon-ocr: ")]
+    assert proc.returncode == 0 and proc.stdout.startswith("<!-- pantheon-ocr: ")
+    assert [json.loads(h[len("<!-- pantheon-ocr: "):-4])["source"] for h in heads] == [str(d) for d in docs]
 
 
 def test_a_page_range_the_document_does_not_have_fails(tmp_path):

@@ -52,9 +52,10 @@ def lock_is_stale(lock: LockInfo, stale_after: float, now: float | None = None) 
     return lock.host == socket.gethostname() and not pid_alive(lock.pid)
 
 
-def acquire(state: JobState, stale_after: float, executor: str, job_name: str) -> tuple[int, LockInfo | None]:
-    """Start a run: take the lock (or refuse with JobLocked) and insert the run row.
-    Returns (run id, the stale lock taken over or None)."""
+def acquire(state: JobState, stale_after: float, executor: str, job_name: str,
+            after: int = 0) -> tuple[int, LockInfo | None]:
+    """Start a run: take the lock (or refuse with JobLocked) and insert the run row, numbered
+    above `after` too (state.start_run). Returns (run id, the stale lock taken over or None)."""
 
     def free(held: LockInfo | None, now: float) -> None:
         if held is not None and not lock_is_stale(held, stale_after, now):
@@ -64,7 +65,7 @@ def acquire(state: JobState, stale_after: float, executor: str, job_name: str) -
                 f"{stale_after:.0f} s after its last heartbeat"
             )
 
-    return state.start_run(executor, free)
+    return state.start_run(executor, free, after)
 
 
 class Heartbeat(threading.Thread):

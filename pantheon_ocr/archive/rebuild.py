@@ -2,7 +2,11 @@
 that is damaged (or lost).
 
 The old file is never deleted: it is renamed to `<state>.damaged-<time>` (with its -wal/-shm).
-A foreign SQLite database, or a state whose lock a live run holds, is refused. The new state is
+A foreign SQLite database, or a state whose lock a live run holds, is refused. What the old file
+can still tell is kept (state.Salvage): run numbers go on after its last run and after every
+run-N report in the reports folder (which stand when the file is unreadable), so no report of
+an earlier run is written over; and an input it knew to be unreadable stays known while its
+bytes are the same, so the rebuild run's exit code is a normal night's. The new state is
 planned like a first night, and then every page whose text the existing outputs still hold is
 recorded as done without OCR, if the output records this very input (its path and sha256, see
 pipeline/naming.py): the JSONL when there is one (exact text, tokens, finish reason), else the
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import time
 from pathlib import Path
 
@@ -23,24 +28,27 @@ from ..pipeline.inputs import Document
 from ..pipeline.naming import OutputPaths, Source
 from ..pipeline.types import PipelineOptions
 from .lock import JobLocked, lock_is_stale
-from .report import RunLog
-from .sqlite import StateDamaged
-from .state import JobState
+from .report import RunLog, last_report_run
+from .sqlite import StateDamaged, translate
+from .state import JobState, Salvage
 
 _MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
 
 
 def fresh_state(spec) -> tuple[JobState, str | None]:
-    """Set the job's state file aside (if there is one) and open a new one; returns it and a
-    note saying where the old one went."""
+    """Set the job's state file aside (if there is one) and open a new one, with what the old
+    one could still tell (module docstring); returns it and a note saying where the old one went."""
     path = Path(spec.state)
+    salvage = Salvage()
     try:
         old = JobState.open(path, spec.path, create_new=False)
     except StateDamaged:
         old = None  # unreadable: nothing can hold a lock in it that we could see
+        salvage = JobState.salvage_file(path)  # but its runs or documents may still be legible
     if old is not None:
         try:
             lock = old.read_lock()
+            salvage = old.salvage()
         finally:
             old.close()
         if lock is not None and not lock_is_stale(lock, spec.lock.stale_after):
@@ -55,12 +63,26 @@ def fresh_state(spec) -> tuple[JobState, str | None]:
         except OSError as e:
             raise JobError(f"{path_text(path)}: cannot set the damaged job state aside: {e.strerror or e}") from None
         note = f"the old job state was set aside as {path_text(aside)}; this one is rebuilt from the outputs"
-    return JobState.open(path, spec.path), note
+    runs_after = max(salvage.last_run, last_report_run(spec.reports))
+    if runs_after:
+        note = (note + "; " if note else "") + f"run numbers go on after run {runs_after}"
+    state = JobState.open(path, spec.path)
+    try:
+        state.adopt(salvage, runs_after)
+    except sqlite3.Error as e:
+        state.close()
+        raise translate(path, e, spec.path) from None
+    except BaseException:
+        state.close()
+        raise
+    return state, note
 
 
 def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Document]], options: PipelineOptions,
-                  log: RunLog) -> None:
-    """Record as done every pending page whose text an intact output of the same input holds."""
+                  log: RunLog) -> int:
+    """Record as done every pending page whose text an intact output of the same input holds;
+    returns how many. A document whose every page came back counts as `recovered`: its outputs
+    are on disk, the same as a document this run wrote."""
     recovered = 0
     for row_id, doc in docs.values():
         row = state.document(row_id)
@@ -78,8 +100,10 @@ def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Docum
         recovered += n
         if n and n == len(wanted):  # every page back: the outputs are the document's, as they are
             state.set_document_status(row_id, "done", None)
+            log.document("recovered", doc.path)
     if recovered:
         log.notes.append(f"{recovered} page(s) recovered from the existing outputs, not OCR'd again")
+    return recovered
 
 
 def _find_outputs(base: Path, doc: Document, source: Source, options: PipelineOptions):

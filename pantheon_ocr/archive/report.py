@@ -4,6 +4,8 @@ run (report_html.py draws it), the lines a run prints when it ends, and `job_sta
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import sqlite3
 import time
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, path_text
+from ..errors import JobError, WriteError, path_text
 from ..pipeline.outputs import atomic_write_text
 from ..pipeline.types import STAGES
 from .lock import lock_is_stale
@@ -84,18 +86,55 @@ def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: d
     }
 
 
+_REPORT_NAME = re.compile(r"^run-(\d+)\.(?:json|html)$")
+
+
+class ReportTaken(WriteError):
+    """A run's report name already holds the report of another run: it is never written over."""
+
+
+def last_report_run(folder: Path) -> int:
+    """The highest N of the run-N.json/.html reports in `folder` (0 if none, or unreadable): the
+    floor of the next run's number, since a new or rebuilt state may know fewer runs than these."""
+    try:
+        with os.scandir(folder) as entries:
+            return max((int(m.group(1)) for e in entries if (m := _REPORT_NAME.match(e.name))), default=0)
+    except OSError:
+        return 0
+
+
 def write_reports(summary: dict, folder: Path, run_id: int) -> tuple[Path, Path]:
     """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks; atomic. The
     folder is the job's to name (links on the way are followed); a symbolic link planted in
-    the place of a report is refused, never written through (outputs.atomic_write_files)."""
+    the place of a report is refused, never written through (outputs.atomic_write_files).
+    Raises ReportTaken, writing nothing, where run-0007 is the report of another run."""
     js = json.dumps(summary, indent=2, ensure_ascii=False)
     page = render_html(summary)
     paths = folder / f"run-{run_id:04d}.json", folder / f"run-{run_id:04d}.html"
+    _refuse_another_run(paths, summary)
     atomic_write_text(paths[0], js + "\n")
     atomic_write_text(paths[1], page)
     atomic_write_text(folder / "latest.json", js + "\n")
     atomic_write_text(folder / "latest.html", page)
     return paths
+
+
+def _refuse_another_run(paths: tuple[Path, Path], summary: dict) -> None:
+    """The run numbers of a state go on past every report (state.start_run): this is the last
+    guard, for whatever still brings two runs to one number (two jobs sharing a reports folder,
+    a state restored from an old backup). The same run's report may be written again (`archive
+    report`): it is recognised by its job, run and start time."""
+    js, html = paths
+    if not os.path.lexists(js) and not os.path.lexists(html):
+        return
+    try:
+        old = json.loads(js.read_text(encoding="utf-8"))
+        same = [old.get(k) for k in ("job", "run", "started")] == [summary.get(k) for k in ("job", "run", "started")]
+    except (OSError, ValueError, AttributeError):
+        same = False  # a report we cannot read (or an HTML page alone) may be another run's
+    if not same:
+        raise ReportTaken(f"{path_text(js if os.path.lexists(js) else html)} is the report of another run (not this run {summary.get('run')} of job "
+                          f"{summary.get('job')!r}); not writing over it")
 
 
 def run_lines(result) -> list[str]:

@@ -32,14 +32,14 @@ from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source
 from ..pipeline.files import changed_since, file_stamp
-from ..pipeline.outputs import remove_old_page_files, write_document
+from ..pipeline.outputs import check_output_folder, remove_old_page_files, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
 from .lock import Heartbeat, acquire
 from .plan import Planner
 from .signals import HeldSignals
 from .sqlite import translate
-from .report import RunLog, build_summary, write_reports
+from .report import RunLog, build_summary, last_report_run, write_reports
 from .spec import JobSpec, load_job
 from .state import JobState
 
@@ -70,7 +70,7 @@ def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
     except UsageError as e:
         raise JobError(f"{spec.path.name}: {keys['model']}: {e}") from None
     except ModelError as e:
-        raise ModelError(e.path, f"{e.problem} ({keys['model']} in {spec.path.name})") from None
+        raise ModelError(e.path, f"{e.problem} ({keys.get(e.option, keys['model'])} in {spec.path.name})") from None
     for name, path in zip(keys.values(), (text, mmproj)):
         if not path.exists():
             raise ModelError(path, f"no such model file ({name} in {spec.path.name})")
@@ -120,6 +120,7 @@ def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, e
     lock, StateDamaged / WriteError / StateBusy when the state cannot be used; returns a JobResult
     whose exit_code follows errors.ExitCode otherwise. rebuild_state: set a damaged state aside
     and start a new one from what the outputs hold (rebuild.py)."""
+    check_output_folder(spec.output)  # before any page: a night that cannot keep its outputs stops now
     if executor is None:
         executor = LocalExecutor(engine_factory or (lambda: model_engine_factory(spec)()))
     return _JobRun(spec, executor, retry_failed, on_progress, log, rebuild_state).execute()
@@ -150,7 +151,9 @@ class _JobRun:
             else:
                 self.state = JobState.open(spec.state, spec.path)
             try:
-                self.run_id, stale = acquire(self.state, spec.lock.stale_after, self.executor.name, spec.name)
+                # numbered past the reports already there, even if the state was lost meanwhile
+                self.run_id, stale = acquire(self.state, spec.lock.stale_after, self.executor.name, spec.name,
+                                             after=last_report_run(spec.reports))
             except sqlite3.Error as e:
                 self.state.close()
                 raise translate(spec.state, e, spec.path) from None
@@ -163,6 +166,7 @@ class _JobRun:
             self.heartbeat = Heartbeat(spec.state, self.run_id, interval)
             self.heartbeat.start()
         status, code, interrupted, failure = "crashed", ExitCode.PAGES_FAILED, held.pending, None
+        recovered = 0  # pages --rebuild-state took from the outputs: done and on disk, like pages written
         try:
             try:
                 if interrupted:
@@ -172,13 +176,13 @@ class _JobRun:
                 # reads it keeps its pages pending, and the next run reads the new version
                 self.stamps = {doc_id: file_stamp(doc) for doc_id, (_, doc) in self.docs.items()}
                 if self.rebuild:
-                    rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
+                    recovered = rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
                 for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
                     self._assemble(row_id, only_if_needed=True)
                 self._rounds()
             except KeyboardInterrupt:
                 interrupted = True
-            wrote = self.log.events["written"] + self.log.events["partial"] > 0 or any(
+            wrote = self.log.events["written"] + self.log.events["partial"] > 0 or recovered > 0 or any(
                 a["outcome"] == "done" for a in self.log.attempts)
             status = "interrupted" if interrupted else "finished"
             code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)

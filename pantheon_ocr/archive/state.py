@@ -20,7 +20,7 @@ import os
 import socket
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -95,6 +95,17 @@ class LockInfo:
     def describe(self, now: float | None = None) -> str:
         age = (now or time.time()) - self.heartbeat
         return f"run {self.run}, pid {self.pid} on {self.host}, heartbeat {age:.0f} s ago"
+
+
+@dataclass
+class Salvage:
+    """What a rebuilt state keeps of the old one (rebuild.py), read as far as it still can be:
+    the highest run number, so that numbering goes on and no report of an old run is written
+    over; and the inputs it had found unreadable, so that a known-bad file stays known (skipped
+    while its sha256 is the same, as a normal night skips it) instead of failing the run anew."""
+
+    last_run: int = 0
+    unreadable: list[tuple] = field(default_factory=list)  # (path, doc_id, kind, rel, output, sha256, error)
 
 
 class JobState:
@@ -181,23 +192,79 @@ class JobState:
     def close(self) -> None:
         self.db.close()
 
+    # ----------------------------------------------------------------------- rebuilding
+
+    def salvage(self) -> Salvage:
+        """What this (possibly damaged) state can still tell a rebuilt one; each part on its own,
+        since damage may spare the runs but not the documents. Never raises for damage."""
+        found = Salvage()
+        for sql in ("SELECT max(id) FROM runs",  # and where a rebuilt state that never ran was to start
+                    "SELECT CAST(value AS INTEGER) FROM meta WHERE key='runs_after'"):
+            try:
+                last = (self.db.execute(sql).fetchone() or (None,))[0]
+            except (sqlite3.Error, ValueError):
+                continue
+            if isinstance(last, int) and last > found.last_run:
+                found.last_run = last
+        try:
+            rows = self.db.execute("SELECT path, doc_id, kind, rel, output, sha256, error FROM documents "
+                                   "WHERE status='failed' AND n_pages IS NULL").fetchall()
+            # a damaged file may hand back anything: only rows that look whole; the sha256 is
+            # checked against the file by the plan before the verdict is believed
+            found.unreadable = [tuple(r) for r in rows if all(isinstance(v, str) for v in tuple(r)[:6])
+                                and len(r["sha256"]) == 64]
+        except (sqlite3.Error, ValueError):
+            pass
+        return found
+
+    @classmethod
+    def salvage_file(cls, path: Path) -> Salvage:
+        """`salvage` of a state file that does not pass `check`, opened read-only (nothing in it
+        is changed; SQLite may add -wal/-shm beside it). Nothing salvaged if it cannot be opened."""
+        try:
+            db = connect(path, "ro")
+        except sqlite3.Error:
+            return Salvage()
+        try:
+            return cls(db, path).salvage()
+        finally:
+            db.close()
+
+    def adopt(self, salvage: Salvage, runs_after: int) -> None:
+        """In a new state: number runs after `runs_after` (kept in meta, so the runs table holds
+        real runs only), and know the salvaged unreadable inputs."""
+        with Txn(self.db) as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('runs_after', ?)", (str(runs_after),))
+            db.executemany("INSERT OR IGNORE INTO documents (path, doc_id, kind, rel, output, sha256, error, status, updated_at) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)",
+                           [(db_name(path), doc_id, kind, db_name(rel), db_name(output), sha, error, time.time())
+                            for path, doc_id, kind, rel, output, sha, error in salvage.unreadable])
+
     # ----------------------------------------------------------------------- runs and lock
 
     def read_lock(self) -> LockInfo | None:
         row = self.db.execute("SELECT run, pid, host, acquired, heartbeat FROM lock WHERE id=1").fetchone()
         return LockInfo(*row) if row else None
 
-    def start_run(self, executor: str, free: Callable[[LockInfo | None, float], None]) -> tuple[int, LockInfo | None]:
+    def start_run(self, executor: str, free: Callable[[LockInfo | None, float], None],
+                  after: int = 0) -> tuple[int, LockInfo | None]:
         """In one write transaction: `free(lock, now)` raises unless the lock may be taken; then
-        the run row is inserted and the lock is ours. Returns (run id, the lock taken over)."""
+        the run row is inserted and the lock is ours. Returns (run id, the lock taken over).
+
+        The run's number is above every run this state knows, the `runs_after` of a rebuilt
+        state (`adopt`) and `after` (the reports already in the job's reports folder): a run
+        number names its report files, and the report of an earlier run is never written over."""
         host, pid, now = socket.gethostname(), os.getpid(), time.time()
         with Txn(self.db) as db:
             held = self.read_lock()
             free(held, now)
             if held is not None:
                 db.execute("UPDATE runs SET status='killed', finished=? WHERE id=? AND status='running'", (held.heartbeat, held.run))
-            run = db.execute("INSERT INTO runs (started, pid, host, executor, status) VALUES (?, ?, ?, ?, 'running')",
-                             (now, pid, host, executor)).lastrowid
+            last = db.execute("SELECT max(coalesce((SELECT max(id) FROM runs), 0), "
+                              "coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key='runs_after'), 0), ?)",
+                              (after,)).fetchone()[0]
+            run = db.execute("INSERT INTO runs (id, started, pid, host, executor, status) VALUES (?, ?, ?, ?, ?, 'running')",
+                             (last + 1, now, pid, host, executor)).lastrowid
             db.execute("INSERT OR REPLACE INTO lock VALUES (1, ?, ?, ?, ?, ?)", (run, pid, host, now, now))
             # A run row still 'running' without the lock was killed before it could say so.
             db.execute("UPDATE runs SET status='killed' WHERE status='running' AND id<>?", (run,))

@@ -38,6 +38,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..api import Reader
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.naming import HEADER_PREFIX
+    from ..pipeline.outputs import check_output_folder
     from .common import echo_notes, echo_summary, sigterm_as_interrupt
     from .progress import progress_bar
 
@@ -56,6 +57,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
 
         echo_summary(RunSummary((), unreadable=tuple(PageFailure(e.path, None, e.problem) for e in problems)))
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
+    check_output_folder(output)  # before the model loads: a folder that cannot be written is said at once
     with sigterm_as_interrupt():
         reader = Reader(model, mmproj, weights=weights, vision_backend=vision_backend, device=device,
                         vision_dtype=vision_dtype, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, kv_dtype=kv_dtype,
@@ -67,13 +69,14 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
                                     overwrite=not skip_existing)
     if to_stdout:
-        for d in summary.documents:
-            for out in d.outputs:
-                if out.suffix == f".{formats[0]}":
-                    text = out.read_text(encoding="utf-8")
-                    if text.startswith(HEADER_PREFIX):  # the source record is for files on disk: stdout gets the transcript
-                        text = text.split("\n\n", 1)[-1]
-                    click.echo(text, nl=False)
+        printed = [out for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
+        for out in printed:
+            text = out.read_text(encoding="utf-8")
+            # one document: its transcript alone; several: each keeps its first line, the source record
+            # (`<!-- pantheon-ocr: {"source": ...} -->`), so that a reader of the stream can tell them apart
+            if text.startswith(HEADER_PREFIX) and len(printed) == 1:
+                text = text.split("\n\n", 1)[-1]
+            click.echo(text, nl=False)
         scratch.cleanup()
     echo_summary(summary, to_stdout)
     click.get_current_context().exit(int(summary.exit_code))

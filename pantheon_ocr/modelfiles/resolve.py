@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import OptionError, UsageError
+from ..errors import ModelError, OptionError, UsageError
 from .catalog import local_pair, parse_name
 
 NO_MODEL = ("no model given and this install has no bundled reader: pull one (`pantheon-ocr models pull lightonocr-2`) "
@@ -31,8 +31,8 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
     folder's or the pulled one. No model: the bundled reader if this install has it.
     OptionError (naming `model` or `mmproj`; the CLI shows --model, a job file model.text) when the
     pair is incomplete or ambiguous; ModelError (exit 3) for a model name that is not pulled,
-    naming the pull command (nothing is ever downloaded here). Whether named files exist and are
-    models is for loading to say (callers that must know early check themselves)."""
+    naming the pull command (nothing is ever downloaded here), or for a named file or folder that
+    is not there. Whether named files are models is for loading to say."""
     if model is None:
         if mmproj is None and bundled_reader() is not None:
             return bundled_reader()
@@ -42,6 +42,9 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
     if not text.exists() and parse_name(str(model)) is not None:
         pulled = local_pair(str(model))
         return pulled[0], proj or pulled[1]
+    for path, option in ((text, "model"), (proj, "mmproj")):  # a typo in a path is that, not a missing --mmproj
+        if path is not None and not path.exists():
+            raise ModelError(path, "no such model file", option)
     if text.is_dir():
         ggufs = sorted(text.glob("*.gguf"))
         projs = [p for p in ggufs if "mmproj" in p.name.lower()]

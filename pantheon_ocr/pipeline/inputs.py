@@ -193,14 +193,16 @@ def _kind_by_extension(path: Path) -> Literal["pdf", "image"] | None:
 
 
 def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
-    """By extension; a named file with another extension is sniffed (PDF header, PIL)."""
+    """A PDF header in the first 1,024 bytes (where PDF readers look for it) makes a PDF whatever the
+    name says (a PDF saved as .png); else by extension; a file with another extension is sniffed
+    (PIL). A file that cannot be opened keeps its extension's kind: reading it says why."""
     kind = _kind_by_extension(path)
-    if kind is not None:
-        return kind
     try:
         with open_regular(path) as f:
             if b"%PDF-" in f.read(1024):
                 return "pdf"
+            if kind is not None:
+                return kind
             f.seek(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -209,7 +211,7 @@ def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
     except Image.DecompressionBombError:
         return "image"  # an image all right; rendering it reports the size problem
     except (OSError, UnidentifiedImageError):
-        return None
+        return kind
 
 
 # -------------------------------------------------------------------------------- pages

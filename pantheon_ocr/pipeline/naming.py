@@ -14,7 +14,10 @@ Names never depend on the order of the inputs:
 - Every output records its source (`Source`: the input's path and sha256; see outputs.py for
   where). A name whose existing output came from another source is not reused: the document
   takes its suffixed name instead, and "skip existing" skips only a document whose outputs came
-  from the same file, unchanged (the same size and mtime, else the same sha256).
+  from the same file, unchanged (the same size and mtime, else the same sha256), and made with
+  the page selection asked for now (`Source.pages`, recorded only when it is not every page):
+  outputs of `--pages 1` are not the document's transcript, so a run over other pages or all
+  of them transcribes it again and replaces them.
 - Names fit the file system: a document's name plus the longest suffix a writer adds to it
   (NAME_ROOM: `_images`, longer than `.jsonl`, `.md`, `.txt`; page files and temp files have
   short names of their own) must fit in PC_NAME_MAX bytes of the output folder (255 almost
@@ -37,7 +40,7 @@ from typing import Iterable, Sequence
 
 from ..errors import path_text
 from .files import open_regular, sha256_of
-from .inputs import Document
+from .inputs import Document, _parse_spec
 
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
 _PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
@@ -50,19 +53,24 @@ DEFAULT_NAME_MAX = 255
 @dataclass(frozen=True)
 class Source:
     """Where an output came from: the input's path (as `errors.path_text` shows it), the sha256
-    of its bytes and the size and mtime it had then; `page` for a per-page file."""
+    of its bytes and the size and mtime it had then; `page` for a per-page file; `pages`: the
+    page selection the outputs were made with (`page_selection`), None for every page (and for
+    outputs older than the field, which were always taken as the whole document)."""
 
     path: str
     sha256: str
     page: int | None = None
     size: int | None = None
     mtime_ns: int | None = None
+    pages: str | None = None  # last: callers build Source(path, sha256) positionally (archive/rebuild.py)
 
     def header(self) -> str:
         """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
-        so that no file name can end the comment."""
+        so that no file name can end the comment. "pages" only for a page selection, so that the
+        outputs of whole documents stay as they were before the field."""
         fields = {"source": self.path, "sha256": self.sha256, "size": self.size, "mtime_ns": self.mtime_ns}
         fields = {k: v for k, v in fields.items() if v is not None} | ({} if self.page is None else {"page": self.page})
+        fields |= {} if self.pages is None else {"pages": self.pages}
         return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
 
     def same_file(self, other: "Source | None") -> bool:
@@ -74,10 +82,31 @@ class Source:
         return self.size == st.st_size and self.mtime_ns == st.st_mtime_ns
 
 
-def source_of(doc: Document) -> Source:
-    """The document's Source (reads the whole file once; OSError if it cannot be read)."""
+def page_selection(spec: str | None) -> str | None:
+    """A page spec (PipelineOptions.pages, already validated) in the one form outputs record it
+    in: ranges sorted and merged, so that "3, 1-2" and "1-3" are the same selection; None for
+    every page ("all", "1-" or no spec). The page count is not known here, so "1-3" is not every
+    page of a 3-page document: outputs of `--pages 1-3` are transcribed again by a run over all
+    pages (wasted work, never a missing page)."""
+    if not spec or spec.strip().lower() == "all":
+        return None
+    merged: list[list] = []  # [first, last or None]
+    for first, last in sorted(_parse_spec(spec), key=lambda r: r[0]):
+        prev = merged[-1] if merged else None
+        if prev is not None and (prev[1] is None or first <= prev[1] + 1):
+            prev[1] = None if prev[1] is None or last is None else max(prev[1], last)
+        else:
+            merged.append([first, last])
+    if merged == [[1, None]]:
+        return None
+    return ",".join(f"{a}-" if b is None else str(a) if a == b else f"{a}-{b}" for a, b in merged)
+
+
+def source_of(doc: Document, pages: str | None = None) -> Source:
+    """The document's Source (reads the whole file once; OSError if it cannot be read), for
+    outputs of the page selection `pages` (page_selection's form)."""
     sha256, st = sha256_of(doc.path)
-    return Source(path_text(doc.path), sha256, size=st.st_size, mtime_ns=st.st_mtime_ns)
+    return Source(path_text(doc.path), sha256, size=st.st_size, mtime_ns=st.st_mtime_ns, pages=pages)
 
 
 @dataclass(frozen=True)
@@ -103,18 +132,21 @@ class OutputPaths:
     def recorded_source(self, formats: Sequence[str]) -> Source | None:
         """The Source recorded in the existing Markdown (its first line) or, without Markdown,
         the first JSONL record; None when neither is there or neither says (a file written by
-        someone else or by an older version; txt files carry no record)."""
+        someone else or by an older version; txt files carry no record, so txt-only outputs are
+        never taken as done: they are always written again)."""
         try:
             if "md" in formats:
                 with open_regular(self.file("md")) as f:
                     line = f.readline(65536).decode("utf-8", "replace").rstrip("\n")
                 if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):
                     rec = json.loads(line[len(HEADER_PREFIX):-4])
-                    return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"))
+                    return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
+                                  rec.get("pages"))
             elif "jsonl" in formats:
                 with open_regular(self.file("jsonl")) as f:
                     rec = json.loads(f.readline(1 << 24))
-                return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"))
+                return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"),
+                              rec.get("doc_pages"))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
@@ -227,26 +259,31 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
 class Claim:
     paths: OutputPaths
     source: Source | None  # None when the input could not be read (`error` says why)
-    done: bool  # its outputs exist, complete, from this very file: skip unless overwriting
+    done: bool  # its outputs exist, complete, from this very file and page selection: skip unless overwriting
     error: str | None = None
 
 
-def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str]) -> dict[str, Claim]:
+def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
+              pages: str | None = None) -> dict[str, Claim]:
     """doc_id -> Claim for a run's documents: settles the names against the output folder, in
-    the stable priority order, and decides which documents are done. A document whose outputs
-    record its path, size and mtime is done without reading it; any other is hashed (the record
-    its outputs will carry) and is done only if the recorded sha256 matches."""
+    the stable priority order, and decides which documents are done. Only outputs made with the
+    page selection `pages` (PipelineOptions.pages; None: every page) can make a document done.
+    A document whose outputs record its path, size and mtime is done without reading it; any
+    other is hashed (the record its outputs will carry) and is done only if the recorded sha256
+    matches."""
+    wanted = page_selection(pages)
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()
     for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
         paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_text(doc.path), claimed)
+        same_pages = recorded is not None and recorded.pages == wanted
         try:
-            if recorded is not None and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):
+            if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):
                 claims[doc.doc_id] = Claim(paths, recorded, True)
                 continue
-            source = source_of(doc)
+            source = source_of(doc, wanted)
         except OSError as e:
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
-        claims[doc.doc_id] = Claim(paths, source, source.same_file(recorded) and paths.exist(formats))
+        claims[doc.doc_id] = Claim(paths, source, same_pages and source.same_file(recorded) and paths.exist(formats))
     return claims

@@ -32,11 +32,12 @@ import json
 import os
 import re
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import path_text
+from ..errors import WriteError, path_text
 from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
 from .files import OutputFolder, OutputTree
 from .naming import OutputPaths, Source, output_root
@@ -85,6 +86,25 @@ def _write_temp(place: _Place, data: bytes) -> str:
         place.folder.unlink(name)
         raise
     return str(place.path.with_name(name))
+
+
+def check_output_folder(folder: str | os.PathLike) -> None:
+    """WriteError naming `folder` unless it is a folder this process can write in (made if it is
+    not there yet). Called before any page is read: a run that cannot keep its outputs says so at
+    once, not after hours of OCR."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise WriteError(f"{path_text(path)}: the output folder is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"{path_text(path)}: cannot make the output folder: {e.strerror or e}") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".pantheon-ocr-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise WriteError(f"{path_text(path)}: cannot write in the output folder: {e.strerror or e}") from None
 
 
 def atomic_write_files(files: Sequence[tuple[Path, bytes]], root: str | os.PathLike | None = None) -> None:
@@ -180,12 +200,14 @@ def render_txt(results: Sequence[PageResult], source: Source | None = None) -> s
 
 def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
     """One page. `source` is "model" (OCR) or "text-layer" (the OCR failed, `error` says why,
-    and the text is the PDF's own text layer)."""
+    and the text is the PDF's own text layer). `doc_pages`: the page selection the document's
+    outputs were made with (naming.Source.pages), only when it is not every page."""
     return {
         "doc": source.path if source is not None else path_text(result.doc.path),
         "doc_sha256": source.sha256 if source is not None else None,
         "doc_size": source.size if source is not None else None,
         "doc_mtime_ns": source.mtime_ns if source is not None else None,
+    } | ({"doc_pages": source.pages} if source is not None and source.pages is not None else {}) | {
         "doc_id": result.doc.doc_id,
         "page": result.page,
         "text": result.text if _has_text(result) else "",

@@ -133,7 +133,7 @@ def _describe_exit(code: int | None) -> str:
 
 class RenderPool:
     """Supervised worker processes. Use from one thread at a time; close() (or `with`) ends
-    the workers. Workers start lazily on the first imap()."""
+    the workers. Workers start lazily, one while a task waits and all the others are busy."""
 
     def __init__(
         self,
@@ -174,8 +174,6 @@ class RenderPool:
         class). Returns early, without yielding the rest, once `stop` is set."""
         if self._closed:
             raise RuntimeError("the render pool is closed")
-        while len(self._workers) < self.n_workers:
-            self._workers.append(_Worker(self._ctx))
         try:
             yield from self._run(fn, iter(items), stop)
         finally:
@@ -198,6 +196,12 @@ class RenderPool:
                     submitted += 1
                 except StopIteration:
                     exhausted = True
+            # a worker more while tasks wait for one, up to n_workers: an image or a short PDF starts
+            # one or two processes, not all that were asked for (each is a Python start, ~0.1 s)
+            idle = sum(w.task is None for w in self._workers)
+            while len(waiting) > idle and len(self._workers) < self.n_workers:
+                self._workers.append(_Worker(self._ctx))
+                idle += 1
             for i, w in enumerate(self._workers):
                 if w.task is None and waiting:
                     self._send(i, fn, waiting.popleft(), done)

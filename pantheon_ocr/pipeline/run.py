@@ -158,7 +158,7 @@ class _Run:
             return
         opts = self.options
         to_open = []
-        claims = claim_all(self.documents, self.paths, opts.formats)
+        claims = claim_all(self.documents, self.paths, opts.formats, opts.pages)  # outputs of other pages are not done
         for doc in self.documents:
             claim = claims[doc.doc_id]
             self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, claim.source

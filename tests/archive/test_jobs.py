@@ -258,6 +258,15 @@ def test_missing_model_file_exits_3(tmp_path):
     assert r.returncode == ExitCode.BAD_MODEL and "nope.gguf: no such model file (model.text in job.toml)" in r.stderr
 
 
+def test_an_output_folder_that_cannot_be_written_stops_the_night_before_any_page(tmp_path):
+    pdf(tmp_path / "in", "a.pdf", 1, 1)
+    (tmp_path / "taken").write_text("")
+    job = write_job(tmp_path, {"output": "taken/out"})
+    r = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", "archive", "run", str(job)], capture_output=True, text=True)
+    assert r.returncode == ExitCode.CANNOT_WRITE and "taken/out: cannot make the output folder: Not a directory" in r.stderr
+    assert not (tmp_path / "job.sqlite").exists()  # no run was started
+
+
 def test_pipeline_runs_explicit_tasks_with_their_own_sampling(tmp_path):
     """The pipeline hooks jobs use: explicit tasks, per-task sampling, on_page, no writing."""
     from pantheon_ocr.pipeline.inputs import make_document

@@ -125,3 +125,15 @@ def test_workers_ignore_sigint_and_close_ends_them():
     assert not any(p.is_alive() for p in processes)
     with pytest.raises(RuntimeError, match="closed"):
         next(pool.imap(square, [(1,)]))
+
+
+def test_workers_start_as_tasks_wait_for_them():
+    """Asked for 8, one task starts one process; two slow tasks at once, two (never all eight)."""
+    with RenderPool(workers=8) as pool:
+        assert pool._workers == []  # nothing starts before there is work
+        assert [o.value for o in pool.imap(square, [(3,)])] == [9]
+        assert len(pool._workers) == 1
+        assert [o.error for o in pool.imap(pid_after, [(0.3,), (0.3,)])] == [None, None]
+        assert len(pool._workers) == 2
+        assert [o.value for o in pool.imap(square, [(i,) for i in range(20)])] == [i * i for i in range(20)]
+        assert len(pool._workers) <= 8

@@ -180,3 +180,24 @@ def run_cli(args: list[str], env: dict | None = None, cwd: Path | None = None, t
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, str(HARNESS), *args], env=full_env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+class Counting:
+    """An engine factory (fake_engine.EngineFactory's, with its keywords) that counts the pages
+    the engine was asked to read: what a resumed or rebuilt run did not read again."""
+
+    def __init__(self, **kw):
+        from fake_engine import EngineFactory
+
+        self.factory, self.pages = EngineFactory(**kw), 0
+
+    def __call__(self):
+        engine, notes = self.factory()
+        real = engine.prefill
+
+        def prefill(features, sampling):
+            self.pages += 1
+            return real(features, sampling)
+
+        engine.prefill = prefill
+        return engine, notes

@@ -10,30 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fake_engine import EngineFactory
 from pantheon_ocr.archive.report import ReportTaken, job_status, last_report_run, rewrite_report, write_reports
 from pantheon_ocr.archive.run import load_job, run_job
 from pantheon_ocr.errors import ExitCode, JobError
 
-from .harness import check_outputs, pdf, write_job
-
-
-class Counting:
-    """An engine factory that counts the pages the engine was asked to read."""
-
-    def __init__(self):
-        self.factory, self.pages = EngineFactory(), 0
-
-    def __call__(self):
-        engine, notes = self.factory()
-        real = engine.prefill
-
-        def prefill(features, sampling):
-            self.pages += 1
-            return real(features, sampling)
-
-        engine.prefill = prefill
-        return engine, notes
+from .harness import Counting, check_outputs, pdf, write_job
 
 
 def run(job: Path, **kw):

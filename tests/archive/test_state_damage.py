@@ -14,30 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from fake_engine import EngineFactory, md_body
+from fake_engine import md_body
 from pantheon_ocr.archive import sqlite as state_sqlite
 from pantheon_ocr.archive.report import job_status
 from pantheon_ocr.archive.run import load_job, run_job
 from pantheon_ocr.archive.sqlite import StateBusy, StateDamaged
 from pantheon_ocr.errors import ExitCode, WriteError
 
-from .harness import HARNESS, check_outputs, md_pages, pdf, run_cli, write_job
-
-
-class Counting:
-    def __init__(self, **kw):
-        self.factory, self.pages = EngineFactory(**kw), 0
-
-    def __call__(self):
-        engine, notes = self.factory()
-        real = engine.prefill
-
-        def prefill(features, sampling):
-            self.pages += 1
-            return real(features, sampling)
-
-        engine.prefill = prefill
-        return engine, notes
+from .harness import Counting, HARNESS, check_outputs, md_pages, pdf, run_cli, write_job
 
 
 def done_job(tmp_path: Path, **ocr) -> Path:

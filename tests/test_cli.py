@@ -182,17 +182,14 @@ def test_no_model_means_the_bundled_reader_and_without_it_one_clear_error(monkey
 
 
 def test_a_model_path_that_is_not_there_is_exit_3_naming_it(tmp_path):
-    """A typo in --model or --mmproj: the path and "no such file", exit 3 (a model problem), not a
-    demand for --mmproj."""
+    """A typo in a lone --model path: the path and "no such model file", exit 3 (a model problem),
+    not a demand for --mmproj."""
     from pantheon_ocr.errors import ModelError
     from pantheon_ocr.modelfiles import resolve as loader
 
     with pytest.raises(ModelError, match="nope.gguf: no such model file") as e:
         loader.resolve_model(tmp_path / "nope.gguf", None)
     assert e.value.option == "model"
-    with pytest.raises(ModelError, match="mm.gguf: no such model file") as e:
-        loader.resolve_model(MODEL / "text.gguf", tmp_path / "mm.gguf")
-    assert e.value.option == "mmproj"
     code, _, err = transcribe(DOCS / "text-1page.pdf", out=tmp_path / "out")  # the good path still loads
     assert code == 0, err
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", tmp_path / "nope.gguf", "-o", tmp_path / "o2")

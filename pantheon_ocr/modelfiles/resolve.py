@@ -31,8 +31,9 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
     folder's or the pulled one. No model: the bundled reader if this install has it.
     OptionError (naming `model` or `mmproj`; the CLI shows --model, a job file model.text) when the
     pair is incomplete or ambiguous; ModelError (exit 3) for a model name that is not pulled,
-    naming the pull command (nothing is ever downloaded here), or for a named file or folder that
-    is not there. Whether named files are models is for loading to say."""
+    naming the pull command (nothing is ever downloaded here), or for a lone --model path that is
+    not there. Whether named files exist (with both named) and are models is for loading to say,
+    after the backend checks (a missing extra is said before any file is read)."""
     if model is None:
         if mmproj is None and bundled_reader() is not None:
             return bundled_reader()
@@ -42,9 +43,6 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
     if not text.exists() and parse_name(str(model)) is not None:
         pulled = local_pair(str(model))
         return pulled[0], proj or pulled[1]
-    for path, option in ((text, "model"), (proj, "mmproj")):  # a typo in a path is that, not a missing --mmproj
-        if path is not None and not path.exists():
-            raise ModelError(path, "no such model file", option)
     if text.is_dir():
         ggufs = sorted(text.glob("*.gguf"))
         projs = [p for p in ggufs if "mmproj" in p.name.lower()]
@@ -54,5 +52,7 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
                                        f"{[p.name for p in ggufs]}; name the two files instead", text)
         text, proj = plain[0], proj or projs[0]
     if proj is None:
+        if not text.exists():  # a typo in the path is that, not a missing --mmproj
+            raise ModelError(text, "no such model file", "model")
         raise OptionError("mmproj", f"required with the text model {text} (the vision half of the pair)")
     return text, proj

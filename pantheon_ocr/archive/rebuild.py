@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import JobError, path_text
 from ..pipeline.inputs import Document
 from ..pipeline.naming import OutputPaths, Source
+from ..pipeline.outputs import unescape_markers
 from ..pipeline.types import PipelineOptions
 from .lock import JobLocked, lock_is_stale
 from .report import RunLog, last_report_run
@@ -148,7 +149,7 @@ def _from_markdown(text: str) -> dict[int, tuple[str, int, str | None]]:
 
     def close() -> None:
         if current is not None:
-            pages[current[0]] = ("\n".join(lines).strip("\n"), 0, current[1])
+            pages[current[0]] = (unescape_markers("\n".join(lines).strip("\n")), 0, current[1])
 
     for line in text.split("\n")[1:]:  # the first line is the source record
         m = _MARKER.match(line)

@@ -79,7 +79,8 @@ class PageSeq:
         self.pending = None
 
     def text(self) -> str:
-        return self.engine.vlm.decode(self.generated)
+        # stopped before the model's end (max_tokens, repetition): maybe inside a character's bytes
+        return self.engine.vlm.decode(self.generated, cut=self.finished and self.finish_reason != "eos")
 
 
 class OCREngine:

@@ -159,6 +159,24 @@ def atomic_write_text(path: str | os.PathLike, text: str, root: str | os.PathLik
 # ----------------------------------------------------------------------------- formats
 
 
+# A line of a page's own text that begins like a page marker would cut the page in two for any
+# reader of the Markdown (archive --rebuild-state recovers pages by their markers). A backslash
+# before it (CommonMark's escape: shown as written) keeps it text; one more backslash in front of
+# any already there keeps the escape reversible (unescape_markers).
+_MARKER_LIKE = re.compile(r"^(\\*<!-- page )", re.MULTILINE)
+_ESCAPED_MARKER = re.compile(r"^\\(\\*<!-- page )", re.MULTILINE)
+
+
+def escape_markers(text: str) -> str:
+    """A page's text as the Markdown holds it: lines that read like page markers escaped."""
+    return _MARKER_LIKE.sub(r"\\\1", text)
+
+
+def unescape_markers(text: str) -> str:
+    """The page's text back from the Markdown's (escape_markers undone)."""
+    return _ESCAPED_MARKER.sub(r"\1", text)
+
+
 def _comment_safe(text: str) -> str:
     return " ".join(text.replace("--", "- -").split())  # one line, cannot close the comment
 
@@ -181,7 +199,7 @@ def _has_text(result: PageResult) -> bool:
 
 
 def _page_block(result: PageResult, figures_prefix: str = "") -> str:
-    text = linked_text(result, figures_prefix).strip("\n") if _has_text(result) else ""
+    text = escape_markers(linked_text(result, figures_prefix).strip("\n")) if _has_text(result) else ""
     return page_marker(result) + "\n\n" + (text + "\n\n" if text else "")
 
 

@@ -121,6 +121,17 @@ def test_stream_decoder_flush_reports_incomplete_tail_and_resets():
     assert dec.push(first_byte[0]) == "中"  # the decoder is usable again after flush
 
 
+def test_decode_of_tokens_cut_mid_character_leaves_the_character_out():
+    """A page stopped at max_tokens inside a character's bytes ends before it (`cut`), where a
+    finished text keeps U+FFFD for bytes that are not UTF-8; bad bytes inside stay U+FFFD either way."""
+    t = tok("qwen2")
+    half = t.token_id("ä¸")  # e4 b8: the first two bytes of 中
+    ids = t.encode("Café déj") + [half]
+    assert t.decode(ids) == "Café déj\ufffd"
+    assert t.decode(ids, cut=True) == "Café déj"
+    assert t.decode([half] + t.encode("x"), cut=True) == "\ufffdx"
+
+
 def _random_strings(n: int, seed: int) -> list[str]:
     rnd = random.Random(seed)
     alphabet = (list("abcXYZ 019\n\t\r.;-_()[]{}<>|/\\\"") + list("éèàüßøñçÆ中文日本語한국어العربيةहिन्दी")

@@ -113,6 +113,22 @@ def test_markdown_pages_in_order_with_markers(tmp_path):
     )
 
 
+def test_a_page_line_that_reads_like_a_marker_stays_that_page_s_text(tmp_path):
+    """A page whose own text has a line `<!-- page 2 -->` (a text layer, a model's output) must
+    not cut the Markdown into a false page 2: the line is escaped (shown as written), and the
+    rebuild of an archive job's state reads every page's text back exactly."""
+    from pantheon_ocr.archive.rebuild import _from_markdown
+
+    d = doc(tmp_path, "r.pdf")
+    first = "<!-- page 2 -->\nFAKE SECOND PAGE\n\\<!-- page 3 -->\nnot <!-- page 4 --> at a line start"
+    results = [result(d, 1, first), result(d, 2, "The genuine second page.")]
+    md = render_markdown(results)
+    assert md == ("<!-- page 1 -->\n\n\\<!-- page 2 -->\nFAKE SECOND PAGE\n\\\\<!-- page 3 -->\n"
+                  "not <!-- page 4 --> at a line start\n\n<!-- page 2 -->\n\nThe genuine second page.\n")
+    assert _from_markdown("<!-- pantheon-ocr: {} -->\n\n" + md) == {
+        1: (first, 0, "eos"), 2: ("The genuine second page.", 0, "eos")}
+
+
 def test_txt_uses_form_feeds(tmp_path):
     d = doc(tmp_path, "r.pdf")
     txt = render_txt([result(d, 2, "two"), result(d, 1, "one\n"), result(d, 3, error="bad page")])

@@ -206,9 +206,9 @@ class LightOnOCR:
         idx = np.flatnonzero(np.asarray(ids) == self.image_token_id)  # [M] image rows, in order
         return ids, (idx, features)
 
-    def decode(self, ids) -> str:
-        """Token ids -> text; control tokens (e.g. <|im_end|>) are left out."""
-        return self.tokenizer.decode([int(i) for i in ids], skip_special=True)
+    def decode(self, ids, cut: bool = False) -> str:
+        """Token ids -> text; control tokens (e.g. <|im_end|>) are left out. cut: see Tokenizer.decode."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special=True, cut=cut)
 
     # -- helpers -----------------------------------------------------------------------------
     def _piece_id(self, piece: str) -> int:

@@ -146,14 +146,18 @@ class Tokenizer:
             return b""
         return self._pieces[token_id]
 
-    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """llama_detokenize: the bytes of all tokens, decoded once (invalid UTF-8 -> U+FFFD)."""
+    def decode(self, ids: Iterable[int], skip_special: bool = False, cut: bool = False) -> str:
+        """llama_detokenize: the bytes of all tokens, decoded once (invalid UTF-8 -> U+FFFD).
+        cut: the tokens stopped before the text's end (a page at max_tokens): a character whose
+        bytes the last tokens only began is left out, not shown as U+FFFD."""
         pieces = [self.piece(int(i), not skip_special) for i in ids]
         if self.add_space_prefix and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]  # SentencePiece: the space the encoder put in front of the text
         data = b"".join(pieces)
         if self.clean_spaces:
             data = _clean_spaces(data)
+        if cut:  # not final: the incremental decoder keeps an unfinished character back, and drops it here
+            return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=False)
         return data.decode("utf-8", errors="replace")
 
     def stream_decoder(self, skip_special: bool = False) -> "StreamDecoder":

@@ -15,13 +15,15 @@ from pathlib import Path
 from ..errors import InputError, path_text
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages
 from ..pipeline.files import OutputTree, sha256_of
-from ..pipeline.naming import OutputPaths, plan_output_paths, with_id
+from ..pipeline.naming import OutputPaths, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import count_pages
 from ..pipeline.types import FORMATS, PipelineOptions
+from .owner import own_name, remove_own_outputs
 from .report import RunLog
 from .spec import JobSpec
 from .state import JobState
+from .wording import NO_SELECTED_PAGE
 
 _OLD_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp files of versions before outputs.TEMP_NAME
 
@@ -58,10 +60,9 @@ class Planner:
                 # Output names are fixed once per document (input order may change between
                 # nights); planned again only when the job's output folder changed, after
                 # which the outputs are missing there and get written from the state.
-                output = str(planned[doc.doc_id].base)
-                if output.casefold() in taken:  # a name another (older) document already has
-                    output = str(with_id(Path(output), doc.doc_id))
-                taken.add(output.casefold())
+                # Not a name another document of the job has, nor one whose outputs record
+                # another source (another job or `transcribe` sharing the output folder).
+                output = str(own_name(planned[doc.doc_id], path_text(doc.path), doc.doc_id, taken))
                 row = state.place_document(row, doc, output)
             self.docs[doc.doc_id] = (row["id"], doc)
             # size/mtime are stored only together with the hash they vouch for: a run killed
@@ -78,9 +79,12 @@ class Planner:
                     self.log.document("skipped (unreadable)", doc.path)
             else:
                 self.log.document("unchanged", doc.path)
-                if row["pages_spec"] != self.pages_spec:
+                # "empty": what versions before NO_SELECTED_PAGE made of such a document, silently;
+                # --retry-failed re-decides a document failed for its selection (said again)
+                if row["pages_spec"] != self.pages_spec or row["status"] == "empty" or (
+                        self.retry_failed and not self._selected(row["n_pages"])):
                     self._set_pages(row["id"], stamp, row["n_pages"], keep_done=True)
-                if self.retry_failed:
+                elif self.retry_failed:
                     state.retry_failed(row["id"])
         state.mark_seen(seen)
         self._count(to_count)
@@ -119,11 +123,34 @@ class Planner:
         finally:
             pool.close()
 
+    def _selected(self, n_pages: int) -> list[int]:
+        return [i + 1 for i in parse_pages(self.spec.ocr.pages, n_pages, clip=True)]
+
     def _set_pages(self, row_id: int, stamp: tuple, n_pages: int, keep_done: bool, bump: bool = False) -> None:
         """(Re)make the pages rows for the job's page selection; keep_done keeps the texts of
-        pages still selected (the selection changed, the content did not)."""
-        selected = [i + 1 for i in parse_pages(self.spec.ocr.pages, n_pages, clip=True)]
-        self.state.set_pages(row_id, stamp, n_pages, self.pages_spec, selected, keep_done=keep_done, bump=bump)
+        pages still selected (the selection changed, the content did not).
+
+        A selection that leaves no page of the document fails it, as `transcribe` fails it, and
+        its outputs of an earlier selection go: the outputs follow the job's selection (a
+        narrower one rewrites them with fewer pages), and this one has no page at all."""
+        selected = self._selected(n_pages)
+        error = None if selected else (f"none of the selected pages ({self.spec.ocr.pages}) exists: "
+                                       f"the document has {n_pages} page{'s' if n_pages != 1 else ''}")
+        self.state.set_pages(row_id, stamp, n_pages, self.pages_spec, selected, keep_done=keep_done, bump=bump, error=error)
+        if error is None:
+            return
+        row = self.state.document(row_id)
+        self.log.fail(row["path"], None, error)
+        self.log.document(NO_SELECTED_PAGE, row["path"])
+        try:
+            removed = remove_own_outputs(OutputPaths(Path(row["output"]), root=self.spec.output), path_text(row["path"]))
+        except OSError as e:  # a planted link, a folder that cannot be listed: said, and left
+            self.log.notes.append(f"{path_text(row['path'])}: cannot remove its outputs of an earlier page selection: "
+                                  f"{e.strerror or e}")
+            return
+        if removed:
+            self.log.notes.append(f"{path_text(row['path'])}: removed its outputs of an earlier page selection "
+                                  f"({', '.join(path_text(p) for p in removed)}): no page is selected now")
 
     def _clean_temp_files(self) -> None:
         """Remove temp files a killed write left next to our outputs (only ours: the temp name

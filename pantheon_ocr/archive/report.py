@@ -103,20 +103,40 @@ def last_report_run(folder: Path) -> int:
         return 0
 
 
-def write_reports(summary: dict, folder: Path, run_id: int) -> tuple[Path, Path]:
-    """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks; atomic. The
-    folder is the job's to name (links on the way are followed); a symbolic link planted in
-    the place of a report is refused, never written through (outputs.atomic_write_files).
-    Raises ReportTaken, writing nothing, where run-0007 is the report of another run."""
+def write_reports(summary: dict, folder: Path, run_id: int, latest: bool = True) -> tuple[Path, Path]:
+    """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks (latest=False: not
+    those, for the report of a run that is not the newest); atomic. The folder is the job's to
+    name (links on the way are followed); a symbolic link planted in the place of a report is
+    refused, never written through (outputs.atomic_write_files). Raises ReportTaken, writing
+    nothing, where run-0007 is the report of another run; WriteError naming the folder or file
+    that cannot be written."""
     js = json.dumps(summary, indent=2, ensure_ascii=False)
     page = render_html(summary)
     paths = folder / f"run-{run_id:04d}.json", folder / f"run-{run_id:04d}.html"
+    _check_folder(folder)
     _refuse_another_run(paths, summary)
-    atomic_write_text(paths[0], js + "\n")
-    atomic_write_text(paths[1], page)
-    atomic_write_text(folder / "latest.json", js + "\n")
-    atomic_write_text(folder / "latest.html", page)
+    files = [(paths[0], js + "\n"), (paths[1], page)] + ([(folder / "latest.json", js + "\n"), (folder / "latest.html", page)]
+                                                        if latest else [])
+    for path, text in files:
+        try:
+            atomic_write_text(path, text)
+        except WriteError:
+            raise  # a planted link: named already
+        except OSError as e:
+            raise WriteError(f"{path_text(path)}: cannot write the report: {e.strerror or e}") from None
     return paths
+
+
+def _check_folder(folder: Path) -> None:
+    """WriteError naming the reports folder unless it is one (made if missing): the writers'
+    own error for a file in its place is a bare "File exists"."""
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise WriteError(f"{path_text(folder)}: the reports folder is a file, not a folder; remove it or point "
+                         "`reports =` in the job file elsewhere")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"{path_text(folder)}: cannot make the reports folder: {e.strerror or e}") from None
 
 
 def _refuse_another_run(paths: tuple[Path, Path], summary: dict) -> None:
@@ -189,13 +209,15 @@ def job_status(spec) -> dict:
 
 def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     """Render a run's report again from the job state (run_id None: the latest run): its JSON
-    and HTML files into the job's reports folder, as the run wrote them. JobError if there is no
-    such run, or it stopped before its summary was recorded."""
+    and HTML files into the job's reports folder, as the run wrote them, and latest.* only if it is
+    the newest run. JobError if there is no such run, or it stopped before its summary was
+    recorded; WriteError naming what cannot be written."""
     state = JobState.open(spec.state, spec.path, create_new=False)
     if state is None:
         raise JobError(f"{path_text(spec.path)}: no runs yet (no job state at {path_text(spec.state)})")
     try:
         found = state.run_summary(run_id)
+        newest = state.run_summary(None)
     except sqlite3.Error as e:
         raise translate(spec.state, e, spec.path, "read") from None
     finally:
@@ -206,8 +228,9 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     rid, summary = found
     if not summary:
         raise JobError(f"{path_text(spec.path)}: run {rid} stopped before its report was recorded")
-    spec.reports.mkdir(parents=True, exist_ok=True)
-    return write_reports(json.loads(summary), spec.reports, rid)
+    # latest.* are the newest run's: an older run's report written again must not take them
+    latest = rid >= max(newest[0] if newest else 0, last_report_run(spec.reports))
+    return write_reports(json.loads(summary), spec.reports, rid, latest=latest)
 
 
 def _run_totals(summary: str | None) -> dict:

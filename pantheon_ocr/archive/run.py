@@ -30,18 +30,20 @@ from ..options import EngineOptions
 from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
-from ..pipeline.naming import OutputPaths, Source
+from ..pipeline.naming import OutputPaths, Source, plan_output_paths
 from ..pipeline.files import changed_since, file_stamp
 from ..pipeline.outputs import check_output_folder, remove_old_page_files, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
 from .lock import Heartbeat, acquire
+from .owner import held_by_another, own_name
 from .plan import Planner
 from .signals import HeldSignals
 from .sqlite import translate
 from .report import RunLog, build_summary, last_report_run, write_reports
 from .spec import JobSpec, load_job
 from .state import JobState
+from .wording import NO_SELECTED_PAGE
 
 __all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "load_job", "model_engine_factory", "run_job"]
 
@@ -182,7 +184,7 @@ class _JobRun:
                 self._rounds()
             except KeyboardInterrupt:
                 interrupted = True
-            wrote = self.log.events["written"] + self.log.events["partial"] > 0 or recovered > 0 or any(
+            wrote = self.log.events["written"] + self.log.events["partial"] + self.log.events[NO_SELECTED_PAGE] > 0 or recovered > 0 or any(
                 a["outcome"] == "done" for a in self.log.attempts)
             status = "interrupted" if interrupted else "finished"
             code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
@@ -226,7 +228,9 @@ class _JobRun:
         try:
             paths = write_reports(summary, self.spec.reports, self.run_id)
         except Exception as e:  # noqa: BLE001 - a report is not worth a lock left behind
-            self.say(f"warning: cannot write the report: {getattr(e, 'strerror', None) or e}")
+            # our errors name the file or folder; any other gets the reports folder named
+            why = e if isinstance(e, PantheonError) else f"{path_text(self.spec.reports)}: {getattr(e, 'strerror', None) or e}"
+            self.say(f"warning: cannot write the report: {why}")
         for step in (lambda: self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths)),
                      lambda: self.state.release(self.run_id)):
             try:
@@ -314,16 +318,20 @@ class _JobRun:
         row, pages = self.state.document(row_id), self.state.pages(row_id)
         if not pages or any(p["status"] == "pending" for p in pages):
             return
-        paths, formats = OutputPaths(Path(row["output"]), root=self.spec.output), self.options.formats
-        if only_if_needed:
-            if row["status"] in ("done", "partial"):
-                complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
-                if complete:
-                    return
-                self.log.notes.append(f"{path_text(row['path'])}: outputs missing, written again from the job state")
-            elif row["status"] != "pending":
-                return
+        if only_if_needed and row["status"] not in ("done", "partial", "pending"):
+            return
         doc = Document(Path(row["path"]), row["kind"], row["doc_id"], PurePath(row["rel"]))
+        # Another source's outputs where ours were (a job or `transcribe` sharing the output
+        # folder wrote over them): ours go under a name of our own, the other's stay.
+        other = held_by_another(Path(row["output"]), path_text(row["path"]))
+        if other is not None:
+            row = self._rename(row, doc, other)
+        paths, formats = OutputPaths(Path(row["output"]), root=self.spec.output), self.options.formats
+        if only_if_needed and other is None and row["status"] in ("done", "partial"):
+            complete = paths.exist(formats) and (not self.options.page_files or all(paths.page_file(p["page"]).is_file() for p in pages))
+            if complete:
+                return
+            self.log.notes.append(f"{path_text(row['path'])}: outputs missing, written again from the job state")
         results = [
             PageResult(doc, p["page"], p["text"] or "", p["n_tokens"] or 0,
                        p["finish_reason"] if p["status"] == "done" or p["finish_reason"] == TEXT_LAYER else None,
@@ -346,3 +354,13 @@ class _JobRun:
         self.state.set_document_status(row_id, status, error)
         self.log.document({"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status],
                           row["path"])
+
+    def _rename(self, row, doc: Document, other: str):
+        """Give the document a new output name, its own (see owner.own_name); the row after."""
+        taken = {str(r["output"]).casefold() for r in self.state.documents_by_path().values() if r["output"] and r["id"] != row["id"]}
+        base = own_name(plan_output_paths([doc], self.spec.output)[doc.doc_id], path_text(row["path"]), doc.doc_id, taken)
+        self.state.set_output(row["id"], str(base))
+        self.log.notes.append(f"{path_text(row['path'])}: {path_text(row['output'])} now holds the outputs of {path_text(other)} "
+                              f"(another job or transcribe writes there too); its outputs are written again from the job "
+                              f"state as {path_text(base)}")
+        return self.state.document(row["id"])

@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS documents (
     sha256 TEXT, size INTEGER, mtime_ns INTEGER,
     n_pages INTEGER,                 -- pages in the file; NULL when it could not be opened
     pages_spec TEXT,                 -- the job's page selection the pages rows were made for
-    status TEXT NOT NULL,            -- pending | done | partial | failed | empty
+    status TEXT NOT NULL,            -- pending | done | partial | failed (| empty: older versions)
     error TEXT,
     version INTEGER NOT NULL DEFAULT 1,  -- +1 each time the content changed
     seen_run INTEGER, updated_at REAL
@@ -340,19 +340,21 @@ class JobState:
             db.executemany("UPDATE documents SET seen_run=?, size=?, mtime_ns=? WHERE id=?", seen)
 
     def set_pages(self, row_id: int, stamp: tuple, n_pages: int, pages_spec: str, selected: list[int],
-                  keep_done: bool, bump: bool) -> None:
+                  keep_done: bool, bump: bool, error: str | None = None) -> None:
         """(Re)make a document's pages rows for `selected` (1-based); keep_done keeps the rows of
-        pages still selected. stamp = (sha256, size, mtime_ns); bump: the content changed."""
+        pages still selected. stamp = (sha256, size, mtime_ns); bump: the content changed. No
+        page selected: the document is failed, with `error`."""
         with Txn(self.db) as db:
-            if keep_done:
+            if keep_done and selected:  # (`NOT IN (NULL)` would keep every row)
                 db.execute(f"DELETE FROM pages WHERE doc=? AND page NOT IN ({','.join('?' * len(selected)) or 'NULL'})",
                            (row_id, *selected))
             else:
                 db.execute("DELETE FROM pages WHERE doc=?", (row_id,))
             db.executemany("INSERT OR IGNORE INTO pages (doc, page, status) VALUES (?, ?, 'pending')", [(row_id, p) for p in selected])
-            db.execute("UPDATE documents SET sha256=?, size=?, mtime_ns=?, n_pages=?, pages_spec=?, status=?, error=NULL, "
+            db.execute("UPDATE documents SET sha256=?, size=?, mtime_ns=?, n_pages=?, pages_spec=?, status=?, error=?, "
                        "version=version+?, updated_at=? WHERE id=?",
-                       (*stamp, n_pages, pages_spec, "pending" if selected else "empty", int(bump), time.time(), row_id))
+                       (*stamp, n_pages, pages_spec, "pending" if selected else "failed", None if selected else error,
+                        int(bump), time.time(), row_id))
 
     def set_unreadable(self, row_id: int, stamp: tuple, reason: str, bump: bool) -> None:
         with Txn(self.db) as db:

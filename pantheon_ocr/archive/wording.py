@@ -4,6 +4,9 @@ each with its right plural."""
 from __future__ import annotations
 
 PLANNED = ("new", "changed", "unchanged", "skipped (unreadable)")  # what the plan found, one per document
+# what came of a document none of whose pages the job's `pages` selects: failed, as transcribe
+# fails it, yet counted as done work for the exit code (1, not 4), as transcribe counts it
+NO_SELECTED_PAGE = "failed (no selected page)"
 
 
 def count(n: int, word: str, plural: str | None = None) -> str:

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..archive.wording import count
+from ..errors import path_text
 from ..options import OVERLAP_WORDS, EngineOptions, PipelineOptions, SamplingOptions, spec
 from ..pipeline.types import STAGES, PageEngine
 
@@ -324,5 +326,28 @@ def format_table(results: list[dict], header: bool = True) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "format_table",
-           "run_config"]
+def failure_lines(results: list[dict]) -> list[str]:
+    """The failed documents and pages, one line each with its reason, under a count, as transcribe
+    lists them (`1 document failed:` / `  bad.pdf: the PDF is damaged ...`). A failure every
+    configuration had is listed once; one that only some had names those configurations."""
+    names = [r["config"]["name"] for r in results]
+    seen: dict[tuple, list[str]] = {}  # (doc, page, reason) -> the configurations it failed in
+    for r in results:
+        for p in r["pages"]:
+            if p["error"] is not None:
+                reason = " ".join(str(p["error"]).split())  # one line, whatever the error held
+                seen.setdefault((p["doc"], p["page"], reason), []).append(r["config"]["name"])
+    if not seen:
+        return []
+    pages = len({(doc, page) for doc, page, _ in seen if page is not None})
+    docs = len({doc for doc, page, _ in seen if page is None})
+    head = " and ".join(([count(pages, "page")] if pages else []) + ([count(docs, "document")] if docs else []))
+    lines = [f"{head} failed:"]
+    for (doc, page, reason), where in seen.items():
+        which = "" if len(where) == len(names) else f" (in {'; '.join(dict.fromkeys(where))})"
+        lines.append(f"  {path_text(doc)}{'' if page is None else f' page {page}'}: {reason}{which}")
+    return lines
+
+
+__all__ = ["PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "failure_lines",
+           "format_table", "run_config"]

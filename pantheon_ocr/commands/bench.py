@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import ModelError, UsageError, WriteError, path_text
 from ..options import (OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
 from .options import table_options
@@ -55,10 +55,50 @@ def _threads(value: str | None) -> list[int | None]:
     return [None] if not value else _ints(value, "--threads")
 
 
+def _check_json(path: str | None) -> None:
+    """WriteError naming --json's path unless the file can be written there: said before any model
+    is read or any configuration runs, not after the whole benchmark (its figures then lost). The
+    folder is made if missing, as transcribe's output folder is."""
+    from ..pipeline.outputs import check_output_folder
+
+    if not path:
+        return
+    p = Path(path)
+    if p.is_symlink():  # the atomic writer never writes through a link: refuse it now, not at the end
+        raise WriteError(f"--json {path_text(p)}: a symbolic link: the file is not written through a link")
+    if p.is_dir():
+        raise WriteError(f"--json {path_text(p)}: a folder, not a file")
+    try:
+        check_output_folder(p.parent)
+    except WriteError as e:
+        raise WriteError(f"--json {path_text(p)}: {e}") from None
+
+
 def _write_json(path: str | None, data) -> None:
+    """The rows, written atomically: a benchmark stopped while writing leaves the old file or the
+    new one, never half a JSON document."""
+    from ..pipeline.outputs import atomic_write_text
+
     if path:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
-        click.echo(f"wrote {path}", err=True)
+        try:
+            atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+        except WriteError as e:  # PlantedPath: a link or a file planted since the check
+            raise WriteError(f"--json {path_text(path)}: {e}") from None
+        except OSError as e:
+            raise WriteError(f"--json {path_text(path)}: cannot write the file: {e.strerror or e}") from None
+        click.echo(f"wrote {path_text(path)}", err=True)
+
+
+def _model_file(path: str, option: str) -> None:
+    """ModelError (exit 3, naming the path) unless `path` opens as a GGUF model file, as `inspect`
+    and `bench generate` say it: a missing or bad model is that, not a usage error (click's
+    exists=True would exit 2). Checked before any configuration runs."""
+    from ..engine.format.gguf import open_gguf
+
+    try:
+        open_gguf(path).close()
+    except ModelError as e:
+        raise ModelError(e.path, e.problem, option) from None
 
 
 # bench ocr's and bench pages' list of vision compute types, configurations side by side
@@ -73,7 +113,7 @@ def bench() -> None:
 
 
 @bench.command("generate")
-@click.option("--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
+@click.option("--model", "models", multiple=True, required=True,
               help="Decoder GGUF (repeat for several).")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for each model here.")
@@ -87,6 +127,8 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
     from ..engine.loader import auto_weights
 
     choices = _choices(weights, "--weights", WEIGHT_CHOICES)
+    for m in models:
+        _model_file(m, "model")
     rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models
             for s in dict.fromkeys(auto_weights(m)[0] if w == "auto" else w for w in choices)]
     if as_json:
@@ -102,8 +144,8 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
 
 
 @bench.command("ocr")
-@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Text GGUF (qwen3).")
-@click.option("--mmproj", required=True, type=click.Path(exists=True, dir_okay=False), help="mmproj GGUF.")
+@click.option("--model", required=True, help="Text GGUF (qwen3).")
+@click.option("--mmproj", required=True, help="mmproj GGUF.")
 @click.option("--stage", default="vision,prefill", show_default=True, help="vision,prefill")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for this model here.")
@@ -121,7 +163,7 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
 @click.option("--longest-edge", type=click.IntRange(28), default=1540, show_default=True)
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1), help="Median of N runs.")
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
+@click.option("--json", "json_path", help="Also write the rows as JSON.")
 def ocr(model, mmproj, stage, weights, vision_backends, device, vision_dtypes, flash, threads, q_blocks, vision_layers,
         text_layers, page, longest_edge, repeats, in_process, json_path) -> None:
     """Vision encoder and prefill seconds per page at the model's shapes (synthetic page).
@@ -132,6 +174,9 @@ def ocr(model, mmproj, stage, weights, vision_backends, device, vision_dtypes, f
     from ..engine.loader import plan_auto
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))
+    _check_json(json_path)
+    _model_file(model, "model")
+    _model_file(mmproj, "mmproj")
     plans = []  # (weights, vision backend, vision dtype) concrete where auto is, in order
     for w in _choices(weights, "--weights", WEIGHT_CHOICES):
         for vb in _choices(vision_backends, "--vision-backend", BACKENDS):
@@ -181,7 +226,7 @@ def _ocr_line(r: dict, header: bool) -> None:
 
 
 @bench.command("decode")
-@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False), help="Decoder GGUF.")
+@click.option("--model", required=True, help="Decoder GGUF.")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. f32,int8; auto: what transcribe takes for this model here.")
 @click.option("--batch-size", "batch_sizes", default="1,4,8,16,32", show_default=True)
@@ -198,7 +243,7 @@ def _ocr_line(r: dict, header: bool) -> None:
               help="A decode step's layer chain: on = one compiled call where it builds, off = the chain in Python; "
                    "on,off takes turns step by step.")
 @click.option("--in-process", is_flag=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+@click.option("--json", "json_path", help="Also write the results as JSON.")
 def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv_dtype, decode_kernel, decode_step,
            in_process, json_path) -> None:
     """forward_batch alone: aggregate decode tokens/s for each batch size."""
@@ -208,6 +253,8 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
     sizes = _ints(batch_sizes, "--batch-size")
     kernels = tuple(_on_off(decode_kernel, "--decode-kernel"))
     compiled = tuple(_on_off(decode_step, "--decode-step"))
+    _check_json(json_path)
+    _model_file(model, "model")
     storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w
                                   for w in _choices(weights, "--weights", WEIGHT_CHOICES)))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
@@ -268,7 +315,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1),
               help="Runs per configuration, taking turns; the median-wall run is reported.")
 @click.option("--in-process", is_flag=True, help="No subprocess per configuration (peak RSS is then shared).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+@click.option("--json", "json_path",
               help="Write [{config, pages, summary}, ...] for the archive report.")
 def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap, threads, vision_backend, device,
           kv_dtype, prefill_chunk, vision_dtypes, gpu_prefill, gpu_decode, max_tokens, ignore_eos, longest_edge,
@@ -278,7 +325,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     import tempfile
 
     from ..bench.isolation import cpu_info
-    from ..bench.pages import PageBenchOptions, bench_pages, expand_configs, format_table
+    from ..bench.pages import PageBenchOptions, bench_pages, expand_configs, failure_lines, format_table
     from ..bench.synthetic import synthetic_pdf
     from ..modelfiles.resolve import resolve_model
     from ..pipeline.inputs import expand_inputs
@@ -295,6 +342,9 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     )
     if pages_per_config not in ("all", "auto"):
         _ints(pages_per_config, "--pages-per-config")
+    _check_json(json_path)
+    _model_file(str(text_path), "model")
+    _model_file(str(mmproj_path), "mmproj")
     with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp:
         docs = [str(d.path) for d in expand_inputs(list(inputs))] if inputs else []
         if synthetic:
@@ -308,4 +358,6 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         results = bench_pages(opts, configs, isolate=not in_process, repeats=repeats,
                               on_result=lambda r: click.echo(format_table([r], header=False), err=True))
     click.echo(format_table(results))
+    for line in failure_lines(results):  # which document or page, and why: the table only counts them
+        click.echo(line, err=True)
     _write_json(json_path, results)

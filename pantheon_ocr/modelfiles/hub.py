@@ -51,7 +51,7 @@ from typing import Callable
 from . import catalog, transfer
 from .transfer import Clock, Limits, mb, origin
 from ..engine.format.pairing import check_pair
-from ..errors import ModelError, NetworkError, UsageError, WriteError
+from ..errors import ModelError, NetworkError, UsageError, WriteError, path_text
 
 _ETAG = re.compile(r"[0-9a-f]{32,64}")
 
@@ -136,12 +136,13 @@ def _listing(ref: catalog.ModelRef, revision: str | None, endpoint: str, clock: 
 
     api = HfApi(endpoint=endpoint)
     try:
-        info = transfer.ask(clock, ref.repo, f"{endpoint}/api/models/{ref.repo}", lambda: api.model_info(
-            ref.repo, revision=revision or "main", files_metadata=True, timeout=clock.left(ref.repo)), say)
-    except NetworkError:
+        info = transfer.ask(clock, ref.repo, f"{endpoint}/api/models/{ref.repo}", _local(
+            ref.repo, lambda: api.model_info(ref.repo, revision=revision or "main", files_metadata=True,
+                                             timeout=clock.left(ref.repo))), say)
+    except (NetworkError, WriteError):
         raise
     except Exception as e:  # noqa: BLE001 - every other way the Hub can say no becomes one line
-        raise _hub_error(ref, revision, e) from None
+        raise _hub_error(ref, revision, e, endpoint=endpoint) from None
     commit = info.sha
     if not (isinstance(commit, str) and len(commit) == 40 and catalog.is_digest(commit)):
         raise NetworkError(ref.repo, f"{endpoint} named the commit {str(commit)[:60]!r}, not 40 hex digits: refused")
@@ -184,12 +185,12 @@ def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Cl
         _remove(blob)
     url = hf_hub_url(ref.repo, entry.path, revision=commit, endpoint=endpoint)
     try:
-        meta = transfer.ask(clock, where, url, lambda: get_hf_file_metadata(url, timeout=clock.left(where),
-                                                                            endpoint=endpoint), say)
-    except NetworkError:
+        meta = transfer.ask(clock, where, url, _local(where, lambda: get_hf_file_metadata(
+            url, timeout=clock.left(where), endpoint=endpoint)), say)
+    except (NetworkError, WriteError):
         raise
     except Exception as e:  # noqa: BLE001
-        raise _hub_error(ref, commit, e, entry.path) from None
+        raise _hub_error(ref, commit, e, entry.path, endpoint) from None
     location = _location(meta, entry, commit, where, url)
     part = blob.with_name(blob.name + ".incomplete")
     lock = blob.parents[2] / ".locks" / blob.parents[1].name / f"{entry.digest}.lock"  # huggingface_hub's
@@ -289,7 +290,27 @@ def _remove(path: Path) -> None:
         pass
 
 
-def _hub_error(ref: catalog.ModelRef, revision: str | None, e: Exception, filename: str | None = None) -> ModelError:
+def _local(where: str, call: Callable) -> Callable:
+    """`call`, with an OSError about a local path raised as the WriteError it is. huggingface_hub
+    reads its token file (HF_HOME/token, under HOME by default) on every request: with HOME a
+    regular file that read fails with NotADirectoryError, an OSError that transfer.ask would
+    otherwise take for a broken connection (exit 69) and send the user looking at the network.
+    Network errors carry no file name; a local file's do."""
+    from huggingface_hub import constants
+
+    def run():
+        try:
+            return call()
+        except OSError as e:
+            if getattr(e, "filename", None) is None or getattr(e, "response", None) is not None:
+                raise
+            raise WriteError(f"{where}: cannot use the local file {path_text(e.filename)} (huggingface_hub's token "
+                             f"or cache; HF_HOME is {path_text(constants.HF_HOME)}): {e.strerror or e}") from None
+    return run
+
+
+def _hub_error(ref: catalog.ModelRef, revision: str | None, e: Exception, filename: str | None = None,
+               endpoint: str | None = None) -> ModelError:
     """The Hub's answer (not a network failure) as one line: no such repo, revision or file, gated."""
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -302,6 +323,14 @@ def _hub_error(ref: catalog.ModelRef, revision: str | None, e: Exception, filena
                    + (f"; known names: {', '.join(catalog.KNOWN)}" if ref.short is None else ""))
     elif isinstance(e, RevisionNotFoundError):
         problem = f"the repo has no revision {revision!r}"
+    elif filename is None and (isinstance(e, EntryNotFoundError) or status == 404):
+        # A bare 404 on the listing (no X-Error-Code saying which thing is missing, as a proxy or
+        # a server that is no Hub answers): the repo, or the Hub itself, is not there. Said as a
+        # missing repo is (exit 3), naming where it was asked; there is no commit to name yet.
+        what = "model repo" + (f" or revision {revision!r}" if revision else "")
+        problem = (f"no such {what} at {endpoint or 'the Hub'}: it answered 404 (not found) for the repo's "
+                   "listing (a private repo? log in or set HF_TOKEN; is HF_ENDPOINT a Hugging Face Hub?)"
+                   + (f"; known names: {', '.join(catalog.KNOWN)}" if ref.short is None else ""))
     elif isinstance(e, EntryNotFoundError) or status == 404:
         problem = f"listed at commit {str(revision)[:12]}, but the Hub answered 404 (not found) for it"
     else:

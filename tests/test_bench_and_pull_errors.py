@@ -1,0 +1,247 @@
+"""Errors of `bench` and `models pull` that a probe found worded wrongly or said too late:
+
+- `bench decode|ocr|pages --json PATH` with PATH unwritable: a WriteError naming PATH (exit 73)
+  before any model is read or any configuration runs, not an internal error after the run;
+- `bench pages` names each failed document or page and its reason, as transcribe does;
+- `models pull` against an endpoint that answers 404 to everything: no such repo there (exit 3),
+  not "listed at commit None"; a cache/token path that cannot be used (HOME a regular file) is a
+  local problem (exit 73), not a failed connection (69);
+- `bench` with a missing or bad model file: exit 3 naming the path, as `inspect` and `bench
+  generate` say it (not click's exit 2, nor an internal error from the benchmark's child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import pantheon_ocr
+from pantheon_ocr.bench.isolation import run_isolated
+from pantheon_ocr.bench.pages import failure_lines
+from pantheon_ocr.cli import main
+from pantheon_ocr.engine.format import gguf
+from pantheon_ocr.errors import ExitCode, ModelError
+from pantheon_ocr.modelfiles.hub import pull
+from pantheon_ocr.modelfiles.transfer import Limits
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(pantheon_ocr.__file__).resolve().parents[1]  # what the subprocesses import
+TINY = ROOT / "samples" / "tiny-model"
+TEXT, MMPROJ = str(TINY / "text.gguf"), str(TINY / "mmproj.gguf")
+CORRUPT, GOOD = ROOT / "samples" / "bad" / "corrupt.pdf", ROOT / "samples" / "docs" / "text-1page.pdf"
+
+
+# -- bench --json: checked up front ------------------------------------------------------------
+@pytest.fixture
+def nothing_may_run(monkeypatch):
+    """Any model file opened or any configuration run fails the test: the --json check must come
+    first (an AssertionError would surface as `internal error`, exit 1)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was opened or a benchmark ran before --json was checked")
+
+    monkeypatch.setattr(gguf.GGUFFile, "__init__", refuse)
+    monkeypatch.setattr("pantheon_ocr.bench.isolation.run_isolated", refuse)
+    monkeypatch.setattr("pantheon_ocr.bench.pages.bench_pages", refuse)
+
+
+BENCHES = {
+    "decode": ["bench", "decode", "--model", TEXT, "--batch-size", "1", "--context", "4", "--steps", "1",
+               "--in-process"],
+    "ocr": ["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--stage", "vision", "--vision-layers", "1",
+            "--longest-edge", "112", "--in-process"],
+    "pages": ["bench", "pages", "--model", TEXT, "--mmproj", MMPROJ, "--synthetic", "1", "--max-tokens", "2",
+              "--ignore-eos", "--longest-edge", "112", "--render-workers", "1", "--in-process"],
+}
+
+
+@pytest.mark.parametrize("command", list(BENCHES))
+def test_bench_json_under_a_file_is_refused_before_anything_runs(command, tmp_path, capsys, nothing_may_run):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder\n")
+    target = blocker / "d" / "x.json"
+    assert main([*BENCHES[command], "--json", str(target)]) == ExitCode.CANNOT_WRITE == 73
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"error: --json {target}: {blocker / 'd'}: cannot make the output folder: Not a directory\n"
+
+
+@pytest.mark.parametrize("command", list(BENCHES))
+def test_bench_json_that_is_a_folder_is_refused_before_anything_runs(command, tmp_path, capsys, nothing_may_run):
+    assert main([*BENCHES[command], "--json", str(tmp_path)]) == 73
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: --json {tmp_path}: a folder, not a file\n"
+
+
+def test_bench_json_relative_path_is_named_as_given(tmp_path, capsys, monkeypatch, nothing_may_run):
+    monkeypatch.chdir(tmp_path)
+    Path("results").write_text("a file where the folder should be\n")
+    assert main([*BENCHES["decode"], "--json", "results/decode.json"]) == 73
+    assert capsys.readouterr().err == ("error: --json results/decode.json: results: the output folder is a file, "
+                                       "not a folder\n")
+
+
+def test_bench_json_through_a_link_is_refused_before_anything_runs(tmp_path, capsys, nothing_may_run):
+    link = tmp_path / "latest.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    assert main([*BENCHES["decode"], "--json", str(link)]) == 73
+    assert capsys.readouterr().err == (f"error: --json {link}: a symbolic link: the file is not written "
+                                       "through a link\n")
+    assert not (tmp_path / "elsewhere.json").exists()
+
+
+def test_bench_json_folder_is_made_and_the_file_written_whole(tmp_path, capsys):
+    target = tmp_path / "new" / "decode.json"
+    assert main([*BENCHES["decode"], "--json", str(target)]) == 0
+    (row,) = json.loads(target.read_text())
+    assert row["storage"] and [r["batch"] for r in row["rows"]] == [1]
+    assert os.listdir(target.parent) == ["decode.json"]  # no temp file left beside it
+    assert capsys.readouterr().err.endswith(f"wrote {target}\n")
+
+
+# -- bench pages: which document failed, and why -------------------------------------------------
+def test_bench_pages_names_the_failed_document_and_its_reason(tmp_path, capsys):
+    out = tmp_path / "pages.json"
+    code = main(["bench", "pages", str(CORRUPT), str(GOOD), "--model", str(TINY), "--batch-size", "1",
+                 "--weights", "quantized", "--max-tokens", "2", "--ignore-eos", "--longest-edge", "112",
+                 "--render-workers", "1", "--in-process", "--json", str(out)])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert ("\n1 document failed:\n  corrupt.pdf: the PDF is damaged or truncated and cannot be opened\n"
+            f"wrote {out}\n") in err
+    (r,) = json.loads(out.read_text())
+    assert [(p["doc"], p["page"], p["error"]) for p in r["pages"] if p["error"]] == [
+        ("corrupt.pdf", None, "the PDF is damaged or truncated and cannot be opened")]
+
+
+def _result(name: str, pages: list[tuple[str, int | None, str | None]]) -> dict:
+    return {"config": {"name": name}, "pages": [{"doc": d, "page": p, "error": e} for d, p, e in pages]}
+
+
+def test_failure_lines_list_each_failure_once_and_where_only_some_configurations_had_it():
+    results = [
+        _result("B=1 f32", [("a.pdf", 1, None), ("a.pdf", 2, "decode failed:\nout of memory"),
+                            ("bad.pdf", None, "damaged")]),
+        _result("B=8 f32", [("a.pdf", 1, None), ("a.pdf", 2, None), ("bad.pdf", None, "damaged")]),
+    ]
+    assert failure_lines(results) == [
+        "1 page and 1 document failed:",
+        "  a.pdf page 2: decode failed: out of memory (in B=1 f32)",
+        "  bad.pdf: damaged",
+    ]
+    assert failure_lines([_result("B=1 f32", [("a.pdf", 1, None)])]) == []
+    assert failure_lines([_result("B=1", [("a.pdf", 1, "x"), ("a.pdf", 3, "y")])]) == [
+        "2 pages failed:", "  a.pdf page 1: x", "  a.pdf page 3: y"]
+
+
+# -- bench: a missing or bad model file is exit 3, naming it --------------------------------------
+@pytest.mark.parametrize("args, path, problem", [
+    (["bench", "decode", "--model", "/nonexist"], "/nonexist", "cannot open model file: No such file or directory"),
+    (["bench", "ocr", "--model", TEXT, "--mmproj", "/nonexist"], "/nonexist",
+     "cannot open model file: No such file or directory"),
+    (["bench", "ocr", "--model", "/nonexist", "--mmproj", MMPROJ], "/nonexist",
+     "cannot open model file: No such file or directory"),
+    (["bench", "decode", "--model", str(ROOT / "samples")], str(ROOT / "samples"),
+     "not a model file: a folder, not a regular file"),
+    (["bench", "generate", "--model", str(ROOT / "samples")], str(ROOT / "samples"),
+     "not a model file: a folder, not a regular file"),
+])
+def test_bench_with_a_missing_model_file_is_exit_3_naming_it(args, path, problem, capsys):
+    assert main(args) == ExitCode.BAD_MODEL == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {path}: {problem}\n"
+
+
+def test_bench_pages_with_a_missing_model_file_is_exit_3_before_any_child_runs(capsys):
+    assert main(["bench", "pages", "--model", "/nonexist.gguf", "--mmproj", MMPROJ, "--synthetic", "1"]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: /nonexist.gguf: cannot open model file: No such file or directory\n"
+
+
+def test_a_typed_error_in_a_benchmark_child_comes_back_typed(tmp_path):
+    """A model that fails only once loaded (in the child): its ModelError, not `benchmark child
+    failed` (an internal error, exit 1)."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(ModelError) as exc:
+        run_isolated("pantheon_ocr.bench.stages:bench_decode", {"model": str(bad), "batch_sizes": [1]})
+    assert type(exc.value) is ModelError and exc.value.exit_code == 3 and exc.value.path == str(bad)
+    assert str(exc.value) == f"{bad}: {exc.value.problem}" and exc.value.problem.startswith("not a GGUF file")
+
+
+# -- models pull: a 404 for everything; a cache path that is no folder ----------------------------
+class _NotFound(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET
+
+
+@pytest.fixture
+def not_found():
+    """An HTTP server on 127.0.0.1 answering a bare 404 (no X-Error-Code) to every request, as a
+    proxy or a server that is no Hub does; yields its URL and the paths it was asked for."""
+    handler = type("Handler", (_NotFound,), {"requests": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pull_from_an_endpoint_that_answers_404_to_everything_is_no_such_repo(not_found, tmp_path):
+    url, requests = not_found
+    with pytest.raises(ModelError) as exc:
+        pull("acme/tiny-GGUF", endpoint=url, cache_dir=tmp_path, progress=False, limits=Limits(timeout=5, deadline=20))
+    assert exc.value.exit_code == ExitCode.BAD_MODEL == 3 and exc.value.path == "acme/tiny-GGUF"
+    assert str(exc.value) == (
+        f"acme/tiny-GGUF: no such model repo at {url}: it answered 404 (not found) for the repo's listing "
+        "(a private repo? log in or set HF_TOKEN; is HF_ENDPOINT a Hugging Face Hub?); "
+        "known names: lightonocr-1, lightonocr-2, lightonocr-2-bbox")
+    assert [r.split("?")[0] for r in requests] == ["/api/models/acme/tiny-GGUF/revision/main"]  # one question
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_pull_a_known_name_at_a_revision_from_a_404_endpoint(not_found, tmp_path):
+    url, _ = not_found
+    with pytest.raises(ModelError) as exc:
+        pull("lightonocr-2", revision="v1", endpoint=url, cache_dir=tmp_path, progress=False,
+             limits=Limits(timeout=5, deadline=20))
+    assert exc.value.exit_code == 3
+    assert exc.value.problem == (f"no such model repo or revision 'v1' at {url}: it answered 404 (not found) for "
+                                 "the repo's listing (a private repo? log in or set HF_TOKEN; is HF_ENDPOINT a "
+                                 "Hugging Face Hub?)")
+
+
+def _cli(*args: str, env_extra: dict, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "HUGGING_FACE_HUB_TOKEN"}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=str(PACKAGE_ROOT), **env_extra)
+    return subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=cwd)  # not ROOT: `-m` puts the cwd first on sys.path
+
+
+@pytest.mark.parametrize("endpoint", ["closed", "404"])
+def test_pull_with_home_a_regular_file_names_the_local_path_not_the_network(endpoint, not_found, tmp_path):
+    home = tmp_path / "home"
+    home.write_text("a file, not a folder\n")
+    url = not_found[0] if endpoint == "404" else "http://127.0.0.1:9"
+    r = _cli("models", "pull", "acme/tiny-GGUF", env_extra={"HOME": str(home), "HF_ENDPOINT": url}, cwd=tmp_path)
+    assert r.returncode == ExitCode.CANNOT_WRITE == 73, r.stderr
+    hf_home = home / ".cache" / "huggingface"
+    assert r.stderr == (f"error: acme/tiny-GGUF: cannot use the local file {hf_home / 'token'} (huggingface_hub's "
+                        f"token or cache; HF_HOME is {hf_home}): Not a directory\n")
+    assert not_found[1] == []  # said before asking anything

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -228,9 +229,10 @@ def _sources(sources: Any) -> list:
 
 
 def _is_image(source: Any) -> bool:
-    """A PIL image or a numpy array (without importing either for a path)."""
-    kind = type(source).__module__.split(".")[0]
-    return kind in ("PIL", "numpy") and hasattr(source, "shape" if kind == "numpy" else "size")
+    """A PIL image or a numpy array; neither is imported for a path (an image of theirs means the
+    caller imported them already)."""
+    pil, numpy = sys.modules.get("PIL.Image"), sys.modules.get("numpy")
+    return (pil is not None and isinstance(source, pil.Image)) or (numpy is not None and isinstance(source, numpy.ndarray))
 
 
 _ARRAY_SHAPES = "[H, W] (grey), [H, W, 3] (RGB) or [H, W, 4] (RGBA)"
@@ -248,11 +250,12 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
     if isinstance(source, (bytes, bytearray)):
         import io
 
+        data = source
         try:
-            source = Image.open(io.BytesIO(source))
-            source.load()
+            source = Image.open(io.BytesIO(data))
+            source.load()  # a truncated file fails here, not later in a worker
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-            problem = "no bytes" if not source else f"not a readable image ({len(source):,} bytes): {e}"
+            problem = "no bytes" if not data else f"not a readable image ({len(data):,} bytes): {e}"
             raise InputError(name, problem) from None
     elif not isinstance(source, Image.Image):
         import numpy as np

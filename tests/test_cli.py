@@ -209,3 +209,17 @@ def test_a_pdf_saved_with_an_image_name_is_read_as_a_pdf(tmp_path):
     code, _, err = transcribe(tmp_path / "report.png", out=tmp_path / "out")
     assert code == 0, err
     assert markers(md_body(tmp_path / "out" / "report.md")) == [1, 2, 3]
+
+
+def test_an_image_whose_metadata_holds_a_pdf_header_stays_an_image(tmp_path):
+    """Only a file that begins with %PDF- is a PDF in spite of an image name: a PNG whose text
+    chunk mentions "%PDF-1.7" is read as the image it is."""
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "converted from %PDF-1.7 by a scanner")
+    Image.new("RGB", (300, 120), "white").save(tmp_path / "scan.png", pnginfo=info)
+    assert b"%PDF-" in (tmp_path / "scan.png").read_bytes()[:1024]
+    code, _, err = transcribe(tmp_path / "scan.png", out=tmp_path / "out")
+    assert code == 0, err
+    assert markers(md_body(tmp_path / "out" / "scan.md")) == [1]

@@ -134,6 +134,9 @@ class Planner:
         its outputs of an earlier selection go: the outputs follow the job's selection (a
         narrower one rewrites them with fewer pages), and this one has no page at all."""
         selected = self._selected(n_pages)
+        # outputs of an earlier selection exist only where the job read pages of it before; on a
+        # first night, outputs recording this file are someone else's (a `transcribe` run): kept
+        had_pages = bool(self.state.pages(row_id))
         error = None if selected else (f"none of the selected pages ({self.spec.ocr.pages}) exists: "
                                        f"the document has {n_pages} page{'s' if n_pages != 1 else ''}")
         self.state.set_pages(row_id, stamp, n_pages, self.pages_spec, selected, keep_done=keep_done, bump=bump, error=error)
@@ -142,6 +145,8 @@ class Planner:
         row = self.state.document(row_id)
         self.log.fail(row["path"], None, error)
         self.log.document(NO_SELECTED_PAGE, row["path"])
+        if not had_pages:
+            return
         try:
             removed = remove_own_outputs(OutputPaths(Path(row["output"]), root=self.spec.output), path_text(row["path"]))
         except OSError as e:  # a planted link, a folder that cannot be listed: said, and left

@@ -149,6 +149,8 @@ def _from_markdown(text: str) -> dict[int, tuple[str, int, str | None]]:
 
     def close() -> None:
         if current is not None:
+            # outputs written before the escape (2026-12) had no backslashes to undo: a page line of
+            # theirs that began with "\<!-- page " loses one, a line no reader of OCR text will meet
             pages[current[0]] = (unescape_markers("\n".join(lines).strip("\n")), 0, current[1])
 
     for line in text.split("\n")[1:]:  # the first line is the source record

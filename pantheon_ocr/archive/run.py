@@ -184,8 +184,10 @@ class _JobRun:
                 self._rounds()
             except KeyboardInterrupt:
                 interrupted = True
-            wrote = self.log.events["written"] + self.log.events["partial"] + self.log.events[NO_SELECTED_PAGE] > 0 or recovered > 0 or any(
-                a["outcome"] == "done" for a in self.log.attempts)
+            # what counts as written for the exit code: as transcribe, a document with no selected
+            # page was read (1, not 4), and pages recovered by --rebuild-state are on disk
+            kept = sum(self.log.events[k] for k in ("written", "partial", NO_SELECTED_PAGE))
+            wrote = kept > 0 or recovered > 0 or any(a["outcome"] == "done" for a in self.log.attempts)
             status = "interrupted" if interrupted else "finished"
             code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
         except PantheonError as e:

@@ -38,7 +38,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..archive.wording import count
 from ..errors import path_text
 from ..options import OVERLAP_WORDS, EngineOptions, PipelineOptions, SamplingOptions, spec
 from ..pipeline.types import STAGES, PageEngine
@@ -341,7 +340,8 @@ def failure_lines(results: list[dict]) -> list[str]:
         return []
     pages = len({(doc, page) for doc, page, _ in seen if page is not None})
     docs = len({doc for doc, page, _ in seen if page is None})
-    head = " and ".join(([count(pages, "page")] if pages else []) + ([count(docs, "document")] if docs else []))
+    head = " and ".join(([f"{pages:,} page{'s' if pages != 1 else ''}"] if pages else [])
+                        + ([f"{docs:,} document{'s' if docs != 1 else ''}"] if docs else []))
     lines = [f"{head} failed:"]
     for (doc, page, reason), where in seen.items():
         which = "" if len(where) == len(names) else f" (in {'; '.join(dict.fromkeys(where))})"

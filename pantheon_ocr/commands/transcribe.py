@@ -57,7 +57,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
 
         echo_summary(RunSummary((), unreadable=tuple(PageFailure(e.path, None, e.problem) for e in problems)))
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
-    check_output_folder(output)  # before the model loads: a folder that cannot be written is said at once
+    # here before the model loads (Reader.transcribe checks again, for callers of the API)
+    check_output_folder(output)
     with sigterm_as_interrupt():
         reader = Reader(model, mmproj, weights=weights, vision_backend=vision_backend, device=device,
                         vision_dtype=vision_dtype, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, kv_dtype=kv_dtype,

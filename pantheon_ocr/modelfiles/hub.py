@@ -302,7 +302,7 @@ def _local(where: str, call: Callable) -> Callable:
         try:
             return call()
         except OSError as e:
-            if getattr(e, "filename", None) is None or getattr(e, "response", None) is not None:
+            if e.filename is None:  # a network error (requests' are OSErrors too) names no local file
                 raise
             raise WriteError(f"{where}: cannot use the local file {path_text(e.filename)} (huggingface_hub's token "
                              f"or cache; HF_HOME is {path_text(constants.HF_HOME)}): {e.strerror or e}") from None

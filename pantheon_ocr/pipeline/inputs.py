@@ -193,16 +193,19 @@ def _kind_by_extension(path: Path) -> Literal["pdf", "image"] | None:
 
 
 def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
-    """A PDF header in the first 1,024 bytes (where PDF readers look for it) makes a PDF whatever the
-    name says (a PDF saved as .png); else by extension; a file with another extension is sniffed
-    (PIL). A file that cannot be opened keeps its extension's kind: reading it says why."""
+    """By extension, except that a file named as an image that begins with a PDF header is a PDF
+    (a PDF saved as .png; an image whose metadata holds "%PDF-" further in stays an image); a file
+    with another extension is sniffed (a PDF header in its first 1,024 bytes, where PDF readers
+    look for it; else PIL). A file that cannot be opened keeps its extension's kind: reading it
+    says why."""
     kind = _kind_by_extension(path)
     try:
         with open_regular(path) as f:
-            if b"%PDF-" in f.read(1024):
-                return "pdf"
+            head = f.read(1024)
             if kind is not None:
-                return kind
+                return "pdf" if kind == "image" and head.startswith(b"%PDF-") else kind
+            if b"%PDF-" in head:
+                return "pdf"
             f.seek(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -220,7 +223,7 @@ def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
 _RANGE = re.compile(r"^\s*(\d*)\s*(-?)\s*(\d*)\s*$")
 
 
-def _parse_spec(spec: str) -> list[tuple[int, int | None]]:
+def page_ranges(spec: str) -> list[tuple[int, int | None]]:
     """'1-3,7,9-' -> [(1, 3), (7, 7), (9, None)]: 1-based inclusive ranges, None = to the end."""
     hint = "use e.g. '1-3,7' or '5-' (pages start at 1)"
     ranges = []
@@ -241,7 +244,7 @@ def _parse_spec(spec: str) -> list[tuple[int, int | None]]:
 def validate_page_spec(spec: str | None) -> None:
     """Check the syntax before any work starts (the page count is not known yet)."""
     if spec and spec.strip().lower() != "all":
-        _parse_spec(spec)
+        page_ranges(spec)
 
 
 def parse_pages(spec: str | None, n_pages: int, clip: bool = False) -> list[int]:
@@ -251,7 +254,7 @@ def parse_pages(spec: str | None, n_pages: int, clip: bool = False) -> list[int]
     if not spec or spec.strip().lower() == "all":
         return list(range(n_pages))
     pages: set[int] = set()
-    for first, last in _parse_spec(spec):
+    for first, last in page_ranges(spec):
         last = n_pages if last is None else last
         if not clip and max(first, last) > n_pages:
             raise UsageError(f"page {max(first, last)} is out of range: the document has {n_pages} pages")

@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 
 from ..errors import path_text
 from .files import open_regular, sha256_of
-from .inputs import Document, _parse_spec
+from .inputs import Document, page_ranges
 
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
 _PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
@@ -91,7 +91,7 @@ def page_selection(spec: str | None) -> str | None:
     if not spec or spec.strip().lower() == "all":
         return None
     merged: list[list] = []  # [first, last or None]
-    for first, last in sorted(_parse_spec(spec), key=lambda r: r[0]):
+    for first, last in sorted(page_ranges(spec), key=lambda r: r[0]):
         prev = merged[-1] if merged else None
         if prev is not None and (prev[1] is None or first <= prev[1] + 1):
             prev[1] = None if prev[1] is None or last is None else max(prev[1], last)
@@ -135,7 +135,7 @@ class OutputPaths:
         someone else or by an older version; txt files carry no record, so txt-only outputs are
         never taken as done: they are always written again)."""
         try:
-            if "md" in formats:
+            if "md" in formats and (self.file("md").exists() or "jsonl" not in formats):
                 with open_regular(self.file("md")) as f:
                     line = f.readline(65536).decode("utf-8", "replace").rstrip("\n")
                 if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):

@@ -42,7 +42,7 @@ def test_a_selection_that_matches_nothing_fails_the_document_like_transcribe(tmp
     assert result.summary["failures"] == [
         {"path": a, "page": None, "reason": NONE_SELECTED, "attempts": 0},
         {"path": b, "page": None, "reason": "none of the selected pages (5) exists: the document has 1 page", "attempts": 0}]
-    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert list((tmp_path / "out").iterdir()) == []  # made (checked before the run), nothing in it
     assert doc_rows(job) == [("failed", NONE_SELECTED), ("failed", "none of the selected pages (5) exists: the document has 1 page")]
     r = run_cli(["archive", "status", str(job)])
     assert "documents: 2 documents (2 failed)" in r.stdout and f"{a}: {NONE_SELECTED}" in r.stdout
@@ -196,3 +196,33 @@ def test_an_output_taken_over_by_another_source_is_written_again_under_an_own_na
         result = run(job)
         assert result.summary["documents"] == {"unchanged": 1} and result.summary["notes"] == []
     check_outputs(out, {"a.md": (2, 1), ours.name + ".md": (1, 2)})
+
+
+def test_a_jsonl_only_job_s_outputs_are_another_source_s_too(tmp_path):
+    """Job 2 writes only JSONL: its a.jsonl records its source, so job 1 (Markdown) passes over
+    the name, not taking a missing a.md for a free one."""
+    job1, job2, out = two_jobs(tmp_path)
+    write_job(tmp_path / "j2", {"inputs": [str(tmp_path / "in2")], "output": str(out)}, ocr={"formats": ["jsonl"]})
+    run(job2)
+    assert sorted(p.name for p in out.iterdir()) == ["a.jsonl"]
+    result = run(job1)
+    ours = output_of(job1)
+    assert result.exit_code == ExitCode.OK and ours.name.startswith("a-") and (out / f"{ours.name}.md").is_file()
+    assert json.loads((out / "a.jsonl").read_text().splitlines()[0])["doc"] == str(tmp_path / "in2" / "a.pdf")
+
+
+def test_a_first_night_with_no_selected_page_keeps_a_transcribe_output_of_the_same_file(tmp_path):
+    """Outputs of an earlier selection are removed only where the job itself read pages before:
+    on its first night, outputs recording the same file are a `transcribe` run's, and stay."""
+    from pantheon_ocr.pipeline.inputs import make_document
+    from pantheon_ocr.pipeline.run import run_pipeline
+    from pantheon_ocr.pipeline.types import PipelineOptions
+
+    pdf(tmp_path / "in", "a.pdf", 3, 1)
+    engine, _ = EngineFactory()()
+    run_pipeline([make_document(tmp_path / "in" / "a.pdf")], engine,
+                 PipelineOptions(out_dir=tmp_path / "out", render_workers=1, text_fallback=False))
+    before = (tmp_path / "out" / "a.md").read_bytes()
+    result = run(write_job(tmp_path, ocr={"pages": "5"}))
+    assert result.exit_code == ExitCode.PAGES_FAILED and result.summary["notes"] == []
+    assert (tmp_path / "out" / "a.md").read_bytes() == before

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JobError, WriteError, path_text
-from ..pipeline.outputs import atomic_write_text
+from ..pipeline.outputs import atomic_write_text, make_folder
 from ..pipeline.types import STAGES
 from .lock import lock_is_stale
 from .report_html import render_html
@@ -113,7 +113,7 @@ def write_reports(summary: dict, folder: Path, run_id: int, latest: bool = True)
     js = json.dumps(summary, indent=2, ensure_ascii=False)
     page = render_html(summary)
     paths = folder / f"run-{run_id:04d}.json", folder / f"run-{run_id:04d}.html"
-    _check_folder(folder)
+    make_folder(folder, "reports folder", "; remove it or point `reports =` in the job file elsewhere")
     _refuse_another_run(paths, summary)
     files = [(paths[0], js + "\n"), (paths[1], page)] + ([(folder / "latest.json", js + "\n"), (folder / "latest.html", page)]
                                                         if latest else [])
@@ -125,18 +125,6 @@ def write_reports(summary: dict, folder: Path, run_id: int, latest: bool = True)
         except OSError as e:
             raise WriteError(f"{path_text(path)}: cannot write the report: {e.strerror or e}") from None
     return paths
-
-
-def _check_folder(folder: Path) -> None:
-    """WriteError naming the reports folder unless it is one (made if missing): the writers'
-    own error for a file in its place is a bare "File exists"."""
-    if os.path.lexists(folder) and not folder.is_dir():
-        raise WriteError(f"{path_text(folder)}: the reports folder is a file, not a folder; remove it or point "
-                         "`reports =` in the job file elsewhere")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise WriteError(f"{path_text(folder)}: cannot make the reports folder: {e.strerror or e}") from None
 
 
 def _refuse_another_run(paths: tuple[Path, Path], summary: dict) -> None:

@@ -88,17 +88,25 @@ def _write_temp(place: _Place, data: bytes) -> str:
     return str(place.path.with_name(name))
 
 
+def make_folder(folder: str | os.PathLike, what: str = "output folder", hint: str = "") -> Path:
+    """`folder`, made if it is not there yet; WriteError naming it and `what` it is for (`hint`:
+    what to do, after a file in its place) where a file stands in its place or it cannot be made:
+    mkdir's own words for a file in the way are a bare "File exists"."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise WriteError(f"{path_text(path)}: the {what} is a file, not a folder{hint}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"{path_text(path)}: cannot make the {what}: {e.strerror or e}") from None
+    return path
+
+
 def check_output_folder(folder: str | os.PathLike) -> None:
     """WriteError naming `folder` unless it is a folder this process can write in (made if it is
     not there yet). Called before any page is read: a run that cannot keep its outputs says so at
     once, not after hours of OCR."""
-    path = Path(folder)
-    if path.exists() and not path.is_dir():
-        raise WriteError(f"{path_text(path)}: the output folder is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise WriteError(f"{path_text(path)}: cannot make the output folder: {e.strerror or e}") from None
+    path = make_folder(folder)
     try:
         fd, probe = tempfile.mkstemp(prefix=".pantheon-ocr-check-", dir=path)
         os.close(fd)

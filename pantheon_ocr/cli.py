@@ -19,7 +19,35 @@ COMMANDS = {
 }
 
 
+class _Unexpected(Exception):
+    """An OSError click would swallow (a broken pipe not our output's): said as the bug it is."""
+
+
+class ReaderGone(Exception):
+    """Standard output's (or error's) reader went away before we were done (`| head -1`)."""
+
+
+def _gone_readers() -> list[int]:
+    """Standard output and error where each is a pipe whose reader has closed it (POLLERR on its
+    write end), so that a BrokenPipeError from anywhere else (a socket) stays an error of ours."""
+    import select
+
+    if sys.platform == "win32":  # no poll of pipes; a broken pipe there is the reader's
+        return [1]
+    poll = select.poll()
+    for fd in (1, 2):
+        poll.register(fd, select.POLLOUT)
+    return [fd for fd, events in poll.poll(0) if events & select.POLLERR]
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # click would say nothing and exit 1, which reads as `pages failed`
+            gone = _gone_readers()
+            raise (ReaderGone(gone) if gone else _Unexpected(exc)) from None
+
     def list_commands(self, ctx):
         return list(COMMANDS)
 
@@ -60,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except ReaderGone as exc:  # what was asked for stopped being read: end quietly, as `git log | head` does
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in exc.args[0]:  # so that the interpreter's last flush has nowhere to fail
+            os.dup2(devnull, fd)
+        return ExitCode.READER_GONE
     except click.ClickException as exc:
         exc.show()
         return ExitCode.BAD_ARGUMENTS
@@ -70,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # a bug: say so in one line unless -v
+        exc = exc.args[0] if isinstance(exc, _Unexpected) else exc
         if verbose:
-            raise
+            raise exc
         click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
         return 1
 

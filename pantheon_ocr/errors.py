@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     CANNOT_WRITE = 73  # an output (or the job state) cannot be written: permissions, read-only, disk full (EX_CANTCREAT)
     JOB_LOCKED = 75  # another run holds the job's lock: try again later (sysexits EX_TEMPFAIL)
     INTERRUPTED = 130
+    READER_GONE = 141  # standard output's reader closed early (`| head`): 128 + SIGPIPE, as Unix tools end
 
 
 def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bool = False) -> ExitCode:
@@ -41,9 +42,24 @@ def path_text(path: object) -> str:
 
 
 class PantheonError(Exception):
-    """Base class: every error the library raises on purpose carries its exit code."""
+    """Base class: every error the library raises on purpose carries its exit code.
+
+    Pickled whole, whatever a subclass's __init__ takes: its class, its message (args) and the
+    attributes its words come from (a path, a page, a setting), so that a worker process can
+    raise it and its parent say it as its own (Exception's default pickling calls cls(*args),
+    which a ModelError(path, problem) cannot take)."""
 
     exit_code: ExitCode = ExitCode.BAD_ARGUMENTS
+
+    def __reduce__(self):
+        return _unpickled, (type(self), self.args, dict(vars(self)))
+
+
+def _unpickled(cls: type, args: tuple, state: dict) -> PantheonError:
+    error = cls.__new__(cls)  # its __init__ already ran in the process that raised it
+    error.args = args
+    vars(error).update(state)
+    return error
 
 
 class UsageError(PantheonError):

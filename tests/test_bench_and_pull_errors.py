@@ -110,7 +110,7 @@ def test_bench_pages_names_the_failed_document_and_its_reason(tmp_path, capsys):
     code = main(["bench", "pages", str(CORRUPT), str(GOOD), "--model", str(TINY), "--batch-size", "1",
                  "--weights", "quantized", "--max-tokens", "2", "--ignore-eos", "--longest-edge", "112",
                  "--render-workers", "1", "--in-process", "--json", str(out)])
-    assert code == 0
+    assert code == ExitCode.PAGES_FAILED  # the figures are printed and written, and the failure is in the exit code
     err = capsys.readouterr().err
     assert ("\n1 document failed:\n  corrupt.pdf: the PDF is damaged or truncated and cannot be opened\n"
             f"wrote {out}\n") in err
@@ -245,3 +245,25 @@ def test_pull_with_home_a_regular_file_names_the_local_path_not_the_network(endp
     assert r.stderr == (f"error: acme/tiny-GGUF: cannot use the local file {hf_home / 'token'} (huggingface_hub's "
                         f"token or cache; HF_HOME is {hf_home}): Not a directory\n")
     assert not_found[1] == []  # said before asking anything
+
+
+# -- bench configuration lists: a typo is said, not read as something else -------------------------
+@pytest.mark.parametrize("flag,value,problem", [
+    ("--batch-size", "1,,2", "--batch-size: expected comma-separated integers, cannot read '' in '1,,2'"),
+    ("--batch-size", "4,", "cannot read '' in '4,'"),
+    ("--batch-size", "257", "--batch-size: values must be from 1 to 256, got '257'"),  # transcribe's bound
+    ("--threads", "2,x", "--threads: expected comma-separated integers, cannot read 'x' in '2,x'"),
+    ("--threads", "513", "--threads: values must be from 1 to 512"),
+    ("--weights", "f32,,bf16", "--weights: expected comma-separated values of"),
+])
+def test_bench_lists_refuse_empty_and_out_of_range_items(flag, value, problem, capsys, nothing_may_run):
+    args = BENCHES["pages"] if flag != "--weights" else BENCHES["decode"]
+    assert main(args + [flag, value]) == ExitCode.BAD_ARGUMENTS
+    assert problem in capsys.readouterr().err
+
+
+def test_bench_lists_run_a_repeated_value_once():
+    from pantheon_ocr.commands.bench import _batch_sizes, _choices
+
+    assert _batch_sizes("1, 4,1,4 ") == [1, 4]
+    assert _choices("f32,bf16,f32", "--weights", ("f32", "bf16")) == ["f32", "bf16"]

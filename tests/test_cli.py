@@ -223,3 +223,25 @@ def test_an_image_whose_metadata_holds_a_pdf_header_stays_an_image(tmp_path):
     code, _, err = transcribe(tmp_path / "scan.png", out=tmp_path / "out")
     assert code == 0, err
     assert markers(md_body(tmp_path / "out" / "scan.md")) == [1]
+
+
+def test_a_reader_that_stops_reading_is_exit_141_without_a_word(tmp_path):
+    """`pantheon-ocr inspect M | head -1`: the reader closes the pipe before we are done. Unix
+    tools end by SIGPIPE (141 in the shell); not 1, which says pages failed, nor a traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "inspect", str(MODEL / "mmproj.gguf")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc.stdout.close()  # before the child writes a byte: its first write finds no reader
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b""
+
+
+def test_a_broken_pipe_that_is_not_our_output_stays_an_error(monkeypatch, capsys):
+    from pantheon_ocr import cli
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")  # a socket's, say: stdout and stderr are fine
+
+    monkeypatch.setattr(cli.LazyGroup, "get_command", lambda self, ctx, name: __import__("click").Command(
+        name, callback=broken))
+    assert cli.main(["inspect"]) == 1
+    assert "internal error: BrokenPipeError" in capsys.readouterr().err

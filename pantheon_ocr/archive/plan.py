@@ -117,7 +117,7 @@ class Planner:
                 if outcome.error is None:
                     self._set_pages(row_id, stamp, outcome.value, keep_done=False, bump=changed)
                     continue
-                reason = getattr(outcome.error, "problem", str(outcome.error))
+                reason = outcome.error.problem  # InputError and WorkerError both say it there
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)
                 self.log.fail(str(doc.path), None, reason)
         finally:

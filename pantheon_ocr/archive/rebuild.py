@@ -1,7 +1,9 @@
 """`archive run --rebuild-state`: a new job state re-derived from the outputs, for a state file
 that is damaged (or lost).
 
-The old file is never deleted: it is renamed to `<state>.damaged-<time>` (with its -wal/-shm).
+The old file is never deleted: it is renamed (with its -wal/-shm) to `<state>.damaged-<time>`
+when SQLite or our checks could not read it, and to `<state>.old-<time>` when it was whole (a
+rebuild asked for anyway: after outputs were restored from a backup, say).
 A foreign SQLite database, or a state whose lock a live run holds, is refused. What the old file
 can still tell is kept (state.Salvage): run numbers go on after its last run and after every
 run-N report in the reports folder (which stand when the file is unreadable), so no report of
@@ -56,14 +58,16 @@ def fresh_state(spec) -> tuple[JobState, str | None]:
             raise JobLocked(f"job {spec.name!r} is running ({lock.describe()}): not rebuilding its state under it")
     note = None
     if os.path.lexists(path):
-        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        kind = "damaged" if old is None else "old"  # a whole file is not called damaged
+        aside = path.with_name(f"{path.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.lexists(f"{path}{suffix}"):
                     os.replace(f"{path}{suffix}", f"{aside}{suffix}")
         except OSError as e:
-            raise JobError(f"{path_text(path)}: cannot set the damaged job state aside: {e.strerror or e}") from None
-        note = f"the old job state was set aside as {path_text(aside)}; this one is rebuilt from the outputs"
+            raise JobError(f"{path_text(path)}: cannot set the {kind} job state aside: {e.strerror or e}") from None
+        note = (f"the {'damaged' if old is None else 'old (readable)'} job state was set aside as {path_text(aside)}; "
+                "this one is rebuilt from the outputs")
     runs_after = max(salvage.last_run, last_report_run(spec.reports))
     if runs_after:
         note = (note + "; " if note else "") + f"run numbers go on after run {runs_after}"

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import ExitCode, JobError, ModelError, OptionError, PantheonError, UsageError, path_text, run_exit_code
 from ..modelfiles.resolve import resolve_model
@@ -45,7 +45,7 @@ from .spec import JobSpec, load_job
 from .state import JobState
 from .wording import NO_SELECTED_PAGE
 
-__all__ = ["JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "load_job", "model_engine_factory", "run_job"]
+__all__ = ["Executor", "JobResult", "JobSpec", "LocalExecutor", "ModelEngineFactory", "load_job", "model_engine_factory", "run_job"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,20 @@ def model_engine_factory(spec: JobSpec) -> ModelEngineFactory:
         if not path.is_file():
             raise ModelError(path, f"not a regular file ({name} in {spec.path.name})")
     return ModelEngineFactory(replace(m.engine, model=text, mmproj=mmproj))
+
+
+class Executor(Protocol):
+    """Where a round's pages run: this process (LocalExecutor) or a Ray cluster (ray.RayExecutor)."""
+
+    name: str  # recorded with the run: "local", "ray"
+    notes: list[str]  # what building the engines said (the plan `auto` chose), for the report
+
+    def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page: Callable[[PageResult], None],
+            on_progress: Callable[[Progress], None] | None = None) -> bool:
+        """Run the tasks, each finished page handed to on_page in this thread; True if interrupted."""
+
+    def close(self) -> None:
+        """Let the engines go (the run is over, or failed)."""
 
 
 class LocalExecutor:
@@ -115,8 +129,8 @@ class JobResult:
     report_html: Path | None
 
 
-def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, executor=None, retry_failed: bool = False,
-            on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None,
+def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, executor: Executor | None = None,
+            retry_failed: bool = False, on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None,
             rebuild_state: bool = False) -> JobResult:
     """Run the job once (see the module docstring). Raises JobLocked when another run holds the
     lock, StateDamaged / WriteError / StateBusy when the state cannot be used; returns a JobResult
@@ -129,7 +143,7 @@ def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, e
 
 
 class _JobRun:
-    def __init__(self, spec: JobSpec, executor, retry_failed: bool, on_progress, say: Callable[[str], None],
+    def __init__(self, spec: JobSpec, executor: Executor, retry_failed: bool, on_progress, say: Callable[[str], None],
                  rebuild: bool = False) -> None:
         self.spec, self.executor, self.retry_failed, self.rebuild = spec, executor, retry_failed, rebuild
         self.on_progress, self.say = on_progress, say
@@ -220,7 +234,7 @@ class _JobRun:
             self.say(f"warning: closing the executor failed: {type(e).__name__}: {e}")
         self.fallback.close()
         self.figures.close()
-        self.log.notes += [n for n in getattr(self.executor, "notes", ()) if n not in self.log.notes]
+        self.log.notes += [n for n in self.executor.notes if n not in self.log.notes]
         try:
             counts = self.state.counts()
         except sqlite3.Error:

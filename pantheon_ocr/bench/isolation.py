@@ -8,8 +8,10 @@ runs `python -m pantheon_ocr.bench.isolation PAYLOAD` and reads back the functio
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import resource
 import subprocess
 import sys
@@ -53,7 +55,7 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
         errors = [ln for ln in proc.stdout.splitlines() if ln.startswith(_ERROR_MARK)]
         if errors:  # a typed error (a bad model file, a setting that cannot work): said as in-process
-            raise _rebuilt(json.loads(errors[-1][len(_ERROR_MARK):]))
+            raise _rebuilt(errors[-1][len(_ERROR_MARK):])
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             raise RuntimeError(f"benchmark child {func} failed (exit {proc.returncode}): " + " | ".join(tail))
@@ -81,39 +83,21 @@ def _child(payload: str) -> int:
     try:
         result = _call(spec["func"], spec["kwargs"])
     except PantheonError as e:  # handed to the parent whole, not as the last lines of a traceback
-        print(_ERROR_MARK + json.dumps(_carried(e)), flush=True)
+        print(_ERROR_MARK + _carried(e), flush=True)
         return int(e.exit_code)
     result["peak_rss_mb"] = peak_rss_mb()
     print(_RESULT_MARK + json.dumps(result), flush=True)
     return 0
 
 
-def _carried(e: PantheonError) -> dict:
-    """The error as JSON: its class, message, exit code and the attributes its words come from
-    (a ModelError's path, an OptionError's setting, which the command line shows as its flag)."""
-    state = {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in vars(e).items()}
-    return {"module": type(e).__module__, "type": type(e).__qualname__, "message": str(e),
-            "exit_code": int(e.exit_code), "state": state}
+def _carried(e: PantheonError) -> str:
+    """The error itself, pickled (PantheonError's contract) as one line of base64."""
+    return base64.b64encode(pickle.dumps(e)).decode("ascii")
 
 
-def _rebuilt(carried: dict) -> PantheonError:
-    """The child's error again, of its own class where that is a PantheonError here; else a plain
-    PantheonError with the child's message and exit code."""
-    from importlib import import_module
-
-    from ..errors import ExitCode
-
-    try:
-        cls = getattr(import_module(carried["module"]), carried["type"])
-        if not (isinstance(cls, type) and issubclass(cls, PantheonError)) or issubclass(cls, OSError):
-            raise TypeError(carried["type"])  # an OSError keeps its words (strerror) outside __dict__
-        e = cls.__new__(cls)
-        Exception.__init__(e, carried["message"])
-        vars(e).update(carried["state"])
-    except (ImportError, AttributeError, TypeError, ValueError):
-        e = PantheonError(carried["message"])
-        e.exit_code = ExitCode(carried["exit_code"])
-    return e
+def _rebuilt(carried: str) -> PantheonError:
+    """The child's error again, of its own class, with its message and attributes."""
+    return pickle.loads(base64.b64decode(carried))
 
 
 def cpu_info() -> str:

@@ -18,27 +18,38 @@ from pathlib import Path
 
 import click
 
-from ..errors import ModelError, UsageError, WriteError, path_text
-from ..options import (OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
+from ..errors import ExitCode, ModelError, UsageError, WriteError, path_text
+from ..options import (MAX_THREADS, OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
 from .options import table_options
 
 
-def _ints(value: str, name: str, low: int = 1) -> list[int]:
+def _ints(value: str, name: str, low: int = 1, high: int | None = None) -> list[int]:
+    """'1,8,16' -> [1, 8, 16]: each a whole number in [low, high], a repeat run once; an empty
+    item ('1,,2') is a typo, not nothing."""
+    items = [v.strip() for v in str(value).split(",")]
     try:
-        out = [int(v) for v in str(value).split(",") if v.strip()]
+        out = [int(v) for v in items]
     except ValueError:
-        raise UsageError(f"{name}: expected comma-separated integers, got {value!r}") from None
-    if not out or min(out) < low:
-        raise UsageError(f"{name}: values must be >= {low}, got {value!r}")
-    return out
+        bad = next(v for v in items if not v.lstrip("+-").isdigit())
+        raise UsageError(f"{name}: expected comma-separated integers, cannot read {bad!r} in {value!r}") from None
+    if min(out) < low or (high is not None and max(out) > high):
+        bounds = f">= {low}" if high is None else f"from {low} to {high}"
+        raise UsageError(f"{name}: values must be {bounds}, got {value!r}")
+    return list(dict.fromkeys(out))
+
+
+def _batch_sizes(value: str) -> list[int]:
+    size = spec(PipelineOptions, "batch_size")  # the bounds transcribe and job files take
+    return _ints(value, "--batch-size", size.lo, size.hi)
 
 
 def _choices(value: str, name: str, allowed: tuple[str, ...]) -> list[str]:
-    out = [v.strip() for v in str(value).split(",") if v.strip()]
+    out = [v.strip() for v in str(value).split(",")]
     bad = [v for v in out if v not in allowed]
-    if not out or bad:
-        raise UsageError(f"{name}: expected comma-separated values of {', '.join(allowed)}, got {value!r}")
+    if bad:
+        raise UsageError(f"{name}: expected comma-separated values of {', '.join(allowed)}, cannot read {bad[0]!r} "
+                         f"in {value!r}")
     return list(dict.fromkeys(out))
 
 
@@ -52,7 +63,7 @@ def _overlaps(value: str) -> list[bool | None]:
 
 
 def _threads(value: str | None) -> list[int | None]:
-    return [None] if not value else _ints(value, "--threads")
+    return [None] if not value else _ints(value, "--threads", 1, MAX_THREADS)
 
 
 def _check_json(path: str | None) -> None:
@@ -250,13 +261,13 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
     from ..bench.isolation import cpu_info, run_isolated
     from ..engine.loader import auto_weights
 
-    sizes = _ints(batch_sizes, "--batch-size")
+    sizes = _batch_sizes(batch_sizes)
     kernels = tuple(_on_off(decode_kernel, "--decode-kernel"))
     compiled = tuple(_on_off(decode_step, "--decode-step"))
+    asked = _choices(weights, "--weights", WEIGHT_CHOICES)
     _check_json(json_path)
     _model_file(model, "model")
-    storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w
-                                  for w in _choices(weights, "--weights", WEIGHT_CHOICES)))
+    storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w for w in asked))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
     click.echo(f"{'weights':9} {'kernel':6} {'step':4} {'threads':>7} {'B':>3} {'step s':>7} {'tok/s':>7} "
                f"{'x B=' + str(sizes[0]):>6} {'roofline':>8} {'head s':>7} {'peak RSS':>9} {'load':>5}")
@@ -334,7 +345,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     if not inputs and not synthetic:
         raise UsageError("give input PDFs/images or --synthetic N")
     configs = expand_configs(
-        batch_sizes=_ints(batch_sizes, "--batch-size"), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
+        batch_sizes=_batch_sizes(batch_sizes), weights=_choices(weights, "--weights", WEIGHT_CHOICES),
         flash=_on_off(flash, "--flash"), overlap=_overlaps(overlap), threads=_threads(threads),
         vision_backend=vision_backend, kv_dtype=kv_dtype, prefill_chunk=prefill_chunk, device=device,
         vision_dtype=_choices(vision_dtypes, "--vision-dtype", VISION_DTYPES),
@@ -358,6 +369,9 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         results = bench_pages(opts, configs, isolate=not in_process, repeats=repeats,
                               on_result=lambda r: click.echo(format_table([r], header=False), err=True))
     click.echo(format_table(results))
-    for line in failure_lines(results):  # which document or page, and why: the table only counts them
+    failures = failure_lines(results)
+    for line in failures:  # which document or page, and why: the table only counts them
         click.echo(line, err=True)
     _write_json(json_path, results)
+    if failures:  # the figures stand, but over fewer pages than asked: a script must be able to tell
+        click.get_current_context().exit(int(ExitCode.PAGES_FAILED))

@@ -247,6 +247,21 @@ def validate_page_spec(spec: str | None) -> None:
         page_ranges(spec)
 
 
+def pages_past_end(spec: str | None, n_pages: int) -> str:
+    """The pages a spec names by number past a document's last page, as a spec ('501', '9-12');
+    '' when none. An open range ('5-') never counts: it means to the end, however long."""
+    if not spec or spec.strip().lower() == "all":
+        return ""
+    past = sorted({(max(first, n_pages + 1), last) for first, last in page_ranges(spec) if last is not None and last > n_pages})
+    merged: list[list[int]] = []
+    for first, last in past:
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in merged)
+
+
 def parse_pages(spec: str | None, n_pages: int, clip: bool = False) -> list[int]:
     """A 1-based page spec ('1-3,7', '5-', '-2', 'all' or None) -> sorted unique 0-based page
     indices. Pages beyond n_pages are a UsageError, or dropped when clip=True (one spec applied

@@ -77,9 +77,8 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
             t0 = time.perf_counter()
             try:
                 reply = ("ok", fn(*args))
-            except InputError as e:
-                # Sent as data: exceptions with custom __init__ signatures do not unpickle.
-                reply = ("input", (e.path, e.problem, e.page))
+            except InputError as e:  # pickled whole (PantheonError's contract)
+                reply = ("input", e)
             except Exception as e:  # noqa: BLE001 - any failure belongs to this task only
                 reply = ("exc", f"{type(e).__name__}: {e}")
             try:
@@ -253,7 +252,7 @@ class RenderPool:
                 if status == "ok":
                     done[index] = Outcome(index, args, value=payload, seconds=seconds)
                 elif status == "input":
-                    done[index] = Outcome(index, args, error=InputError(*payload), seconds=seconds)
+                    done[index] = Outcome(index, args, error=payload, seconds=seconds)
                 else:
                     done[index] = Outcome(index, args, error=WorkerError(payload, False), seconds=seconds)
                 w.task = None

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .files import changed_since, file_stamp
-from .inputs import Document, parse_pages, validate_page_spec
+from .inputs import Document, pages_past_end, parse_pages, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
 from .naming import OutputPaths, claim_all, plan_output_paths
@@ -60,6 +60,7 @@ class _DocState:
     results: list[PageResult] = field(default_factory=list)
     stamp: tuple | None = None  # the file as planned (file_stamp): a change while reading fails the document
     changed: str | None = None  # how it changed, once seen
+    note: str = ""  # said with its outcome: selected pages it does not have
 
 
 def run_pipeline(
@@ -175,7 +176,7 @@ class _Run:
         for outcome in counts:
             doc = to_open[outcome.index]
             if outcome.error is not None:
-                reason = getattr(outcome.error, "problem", str(outcome.error))
+                reason = outcome.error.problem  # InputError and WorkerError both say it there
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, reason),))
                 continue
             n_pages = outcome.value
@@ -185,7 +186,11 @@ class _Run:
                     str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
                                          f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
-            self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc))
+            past = pages_past_end(opts.pages, n_pages)  # read what exists, and say what did not
+            note = (f"selected page{'s' if '-' in past or ',' in past else ''} {past} past its end: it has {n_pages} "
+                    f"page{'s' if n_pages != 1 else ''}") if past else ""
+            self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
+                                                note=note)
             self.tasks += [PageTask(doc, i, n_pages) for i in pages]
 
     def _plan_tasks(self, tasks: list[PageTask]) -> None:
@@ -270,7 +275,7 @@ class _Run:
             return
         if not self.write_outputs:  # the caller writes (see run_pipeline)
             status = "partial" if failures else "written"
-            self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, (), len(results), failures)
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, (), len(results), failures, state.note)
             return
         try:
             results = self.figures.apply(results, state.paths.base, self.stop)
@@ -281,7 +286,7 @@ class _Run:
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", n_pages=len(results), failures=failures + (failure,))
             return
         status = "partial" if failures else "written"
-        self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures)
+        self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures, state.note)
 
     def _progress(self) -> None:
         self.last_progress = time.perf_counter()

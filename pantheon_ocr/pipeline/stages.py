@@ -157,7 +157,7 @@ class Stages:
             page = _Page(self.tasks[outcome.index], outcome.value)
             page.seconds["render"] = outcome.seconds
             if outcome.error is not None:
-                self._fail(page, getattr(outcome.error, "problem", str(outcome.error)))
+                self._fail(page, outcome.error.problem)  # InputError and WorkerError both say it there
                 continue
             self.counts["rendered"] += 1
             if not self._put(self.render_q, page):

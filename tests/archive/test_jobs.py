@@ -421,3 +421,18 @@ def test_nightly_script(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "pipelines" / "nightly.sh"), str(tmp_path / "nope.toml")], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == ExitCode.BAD_ARGUMENTS and "exit 2: error: " in r.stderr and "no such job file" in r.stderr
+
+
+@pytest.mark.parametrize("args,problem", [
+    (["--ray", "local", "--no-ray"], "--no-ray contradicts --ray: give one of them"),
+    (["--ray-workers", "2", "--no-ray"], "--no-ray contradicts --ray-workers"),
+    (["--ray-workers", "2"], "--ray-workers runs on Ray: give --ray ADDRESS, or [ray] address in the job file"),
+])
+def test_contradicting_ray_flags_are_refused_before_anything_runs(tmp_path, args, problem, capsys):
+    from pantheon_ocr.cli import main
+
+    pdf(tmp_path / "in", "a.pdf", 1, 1)
+    job = write_job(tmp_path)
+    assert main(["archive", "run", str(job), "--no-progress", *args]) == ExitCode.BAD_ARGUMENTS
+    assert problem in capsys.readouterr().err
+    assert not (tmp_path / "job.sqlite").exists() and not (tmp_path / "out").exists()  # nothing ran

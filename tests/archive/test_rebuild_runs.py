@@ -86,6 +86,22 @@ def test_rebuild_of_a_legible_state_numbers_after_its_runs(tmp_path):
     assert rewrite_report(load_job(job))[0].name == "run-0005.json"  # the same run: written again
 
 
+def aside(tmp_path: Path) -> list[str]:
+    return sorted({p.name.split("-")[0] for p in tmp_path.iterdir() if p.name.startswith("job.sqlite.")})  # -wal, -shm too
+
+
+def test_a_whole_state_rebuilt_anyway_is_set_aside_as_old_not_damaged(tmp_path):
+    job = three_runs(tmp_path)
+    result, pages = run(job, rebuild_state=True)
+    assert (result.run, result.exit_code, pages) == (4, ExitCode.OK, 0)
+    assert aside(tmp_path) == ["job.sqlite.old"]
+    assert any(n.startswith("the old (readable) job state was set aside as ") for n in result.summary["notes"])
+    legibly_damaged(tmp_path)  # refused by the checks, though SQLite reads it: damaged
+    result, _ = run(job, rebuild_state=True)
+    assert aside(tmp_path) == ["job.sqlite.damaged", "job.sqlite.old"]
+    assert any(n.startswith("the damaged job state was set aside as ") for n in result.summary["notes"])
+
+
 def test_the_old_states_runs_count_without_their_reports(tmp_path):
     job = three_runs(tmp_path)
     for p in (tmp_path / "job-reports").iterdir():

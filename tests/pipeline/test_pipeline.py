@@ -218,6 +218,8 @@ def test_page_spec_is_clipped_per_document(tmp_path):
     summary = run_pipeline(expand_inputs([str(a), str(b), str(c)]), FakeEngine(), options(tmp_path, pages="2-3,9"))
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 2), (1, 3), (1, 9)])
     assert md_body(tmp_path / "out" / "b.md") == md_expected([(2, 2), (2, 3)])
+    # what a document lacks of the selection is said with it, not dropped in silence
+    assert [d.note for d in summary.documents[:2]] == ["", "selected page 9 past its end: it has 3 pages"]
     # c has none of the selected pages: nothing of it is read, so it is a failure (exit 1), named
     c_out = summary.documents[2]
     assert c_out.status == "failed" and "none of the selected pages (2-3,9) exists: the document has 1 page" in c_out.failures[0].reason

@@ -14,7 +14,7 @@ from PIL import Image
 
 from fake_engine import SAMPLES, make_samples_module
 from pantheon_ocr.errors import ExitCode, InputError, UsageError
-from pantheon_ocr.pipeline.inputs import Document, expand_inputs, make_document, parse_pages, validate_page_spec
+from pantheon_ocr.pipeline.inputs import Document, expand_inputs, make_document, pages_past_end, parse_pages, validate_page_spec
 from pantheon_ocr.pipeline.render import MAX_IMAGE_PIXELS, count_pages, render_page
 
 ms = make_samples_module()
@@ -130,6 +130,15 @@ def test_parse_pages_range_check_and_clip():
         parse_pages("1-9", 7)
     assert parse_pages("1-9", 7, clip=True) == list(range(7))
     assert parse_pages("8-9", 7, clip=True) == []
+
+
+@pytest.mark.parametrize("spec,n,past", [("499-501", 500, "501"), ("1-3,7", 5, "7"), ("9-12,10-14,20", 5, "9-14,20"),
+                                         ("5-", 3, ""), ("1-3", 3, ""), ("all", 2, ""), (None, 2, ""), ("3,4", 3, "4")])
+def test_pages_past_end_names_what_a_clip_drops(spec, n, past):
+    assert pages_past_end(spec, n) == past
+    if spec and spec != "all" and not spec.endswith("-"):  # exactly the pages the clip drops
+        dropped = {i + 1 for i in parse_pages(spec, 600)} - {i + 1 for i in parse_pages(spec, n, clip=True)}
+        assert dropped == ({i + 1 for i in parse_pages(past, 600)} if past else set())
 
 
 # ----------------------------------------------------------------------------- PDFs

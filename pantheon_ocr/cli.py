@@ -23,30 +23,22 @@ class _Unexpected(Exception):
     """An OSError click would swallow (a broken pipe not our output's): said as the bug it is."""
 
 
-class ReaderGone(Exception):
-    """Standard output's (or error's) reader went away before we were done (`| head -1`)."""
+def _pipes(step):
+    """step() with a broken pipe said as what it is (see commands/pipes.py), not as click's silent 1."""
+    from .commands.pipes import ReaderGone, reader_gone
 
-
-def _gone_readers() -> list[int]:
-    """Standard output and error where each is a pipe whose reader has closed it (POLLERR on its
-    write end), so that a BrokenPipeError from anywhere else (a socket) stays an error of ours."""
-    import select
-
-    if sys.platform == "win32":  # no poll of pipes; a broken pipe there is the reader's
-        return [1]
-    poll = select.poll()
-    for fd in (1, 2):
-        poll.register(fd, select.POLLOUT)
-    return [fd for fd, events in poll.poll(0) if events & select.POLLERR]
+    try:
+        return step()
+    except BrokenPipeError as exc:
+        raise (ReaderGone() if reader_gone(1) else _Unexpected(exc)) from None
 
 
 class LazyGroup(click.Group):
+    def make_context(self, info_name, args, parent=None, **extra):  # --help and --version print here
+        return _pipes(lambda: super(LazyGroup, self).make_context(info_name, args, parent, **extra))
+
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError as exc:  # click would say nothing and exit 1, which reads as `pages failed`
-            gone = _gone_readers()
-            raise (ReaderGone(gone) if gone else _Unexpected(exc)) from None
+        return _pipes(lambda: super(LazyGroup, self).invoke(ctx))
 
     def list_commands(self, ctx):
         return list(COMMANDS)
@@ -74,10 +66,18 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: typed errors become one clear line and their exit code."""
-    from .errors import ExitCode, PantheonError
+    from .commands.pipes import guarded_stderr
 
     args = sys.argv[1:] if argv is None else argv
     verbose = "-v" in args or "--verbose" in args
+    with guarded_stderr():  # a log reader gone stops nothing
+        return _main(args, verbose)
+
+
+def _main(args: list[str], verbose: bool) -> int:
+    from .commands.pipes import ReaderGone, to_devnull
+    from .errors import ExitCode, PantheonError
+
     try:
         code = cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
         return code if isinstance(code, int) else 0
@@ -88,12 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except ReaderGone as exc:  # what was asked for stopped being read: end quietly, as `git log | head` does
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in exc.args[0]:  # so that the interpreter's last flush has nowhere to fail
-            os.dup2(devnull, fd)
+    except ReaderGone:  # what was asked for stopped being read: end quietly, as `git log | head` does
+        to_devnull(1)
         return ExitCode.READER_GONE
     except click.ClickException as exc:
         exc.show()

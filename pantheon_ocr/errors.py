@@ -52,7 +52,21 @@ class PantheonError(Exception):
     exit_code: ExitCode = ExitCode.BAD_ARGUMENTS
 
     def __reduce__(self):
-        return _unpickled, (type(self), self.args, dict(vars(self)))
+        if isinstance(self, OSError):  # errno, strerror, filename live outside vars(): OSError's own way
+            return OSError.__reduce__(self)
+        return _unpickled, (type(self), self.args, {k: _picklable(v) for k, v in vars(self).items()})
+
+
+def _picklable(value: object) -> object:
+    """An attribute as it pickles, or its text where it cannot (a lock, an open file): the words
+    an error is said in come through either way."""
+    import pickle
+
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:  # noqa: BLE001 - pickling may fail in any way the object likes
+        return str(value)
 
 
 def _unpickled(cls: type, args: tuple, state: dict) -> PantheonError:

@@ -251,6 +251,7 @@ def test_pull_with_home_a_regular_file_names_the_local_path_not_the_network(endp
 @pytest.mark.parametrize("flag,value,problem", [
     ("--batch-size", "1,,2", "--batch-size: expected comma-separated integers, cannot read '' in '1,,2'"),
     ("--batch-size", "4,", "cannot read '' in '4,'"),
+    ("--batch-size", "+-1", "cannot read '+-1' in '+-1'"),  # not an internal error (StopIteration)
     ("--batch-size", "257", "--batch-size: values must be from 1 to 256, got '257'"),  # transcribe's bound
     ("--threads", "2,x", "--threads: expected comma-separated integers, cannot read 'x' in '2,x'"),
     ("--threads", "513", "--threads: values must be from 1 to 512"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -225,14 +227,49 @@ def test_an_image_whose_metadata_holds_a_pdf_header_stays_an_image(tmp_path):
     assert markers(md_body(tmp_path / "out" / "scan.md")) == [1]
 
 
-def test_a_reader_that_stops_reading_is_exit_141_without_a_word(tmp_path):
-    """`pantheon-ocr inspect M | head -1`: the reader closes the pipe before we are done. Unix
-    tools end by SIGPIPE (141 in the shell); not 1, which says pages failed, nor a traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "inspect", str(MODEL / "mmproj.gguf")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    proc.stdout.close()  # before the child writes a byte: its first write finds no reader
-    err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 141 and err == b""
+def gone(kind: str):
+    """A write end whose reader is gone: a pipe's (`| head -1` done reading) or a socket's (a
+    journal, an ssh session that closed)."""
+    if kind == "pipe":
+        r, w = os.pipe()
+        os.close(r)
+        return w, lambda: os.close(w)
+    a, b = socket.socketpair()
+    b.close()
+    return a.fileno(), a.close
+
+
+def run_into(args, stdout=None, stderr=None) -> tuple[int, bytes]:
+    proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", *map(str, args)], cwd=ROOT, timeout=300,
+                          stdout=stdout if stdout is not None else subprocess.PIPE,
+                          stderr=stderr if stderr is not None else subprocess.PIPE)
+    return proc.returncode, proc.stderr or b""
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+@pytest.mark.parametrize("args", [["inspect", MODEL / "mmproj.gguf"], ["--help"], ["--version"]])
+def test_a_reader_that_stops_reading_is_exit_141_without_a_word(args, kind):
+    """`pantheon-ocr inspect M | head -1`: the reader is gone before we are done. Unix tools end by
+    SIGPIPE (141 in the shell); not 1, which says pages failed, nor a traceback."""
+    fd, close = gone(kind)
+    try:
+        assert run_into(args, stdout=fd) == (141, b"")
+    finally:
+        close()
+
+
+def test_a_log_reader_gone_stops_nothing(tmp_path):
+    """Standard error's reader gone (`2>&1 | tee log`, tee killed): the diagnostics are lost, the
+    command is not: it does its work and exits with its own code."""
+    fd, close = gone("pipe")
+    try:
+        assert run_into(["transcribe", DOCS, "--model", MODEL, "-o", tmp_path / "out", "--max-tokens", 4],
+                        stderr=fd)[0] == 0
+        assert run_into(["transcribe", tmp_path / "missing.pdf", "-o", tmp_path / "out"], stderr=fd)[0] == 4
+        assert run_into(["inspect", tmp_path / "missing.gguf"], stderr=fd)[0] == 3
+    finally:
+        close()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report-3pages.md", "scanned.md", "text-1page.md"]
 
 
 def test_a_broken_pipe_that_is_not_our_output_stays_an_error(monkeypatch, capsys):

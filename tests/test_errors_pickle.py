@@ -11,7 +11,11 @@ import pkgutil
 import pytest
 
 import pantheon_ocr
-from pantheon_ocr.errors import InputError, ModelError, NetworkError, OptionError, PantheonError
+from pantheon_ocr.errors import InputError, ModelError, NetworkError, OptionError, PantheonError, WriteError
+
+
+class Full(WriteError, OSError):  # the typed error first in the MRO, OSError after it (pickled by name)
+    pass
 
 
 def all_error_classes() -> list[type]:
@@ -51,9 +55,26 @@ def test_every_error_class_in_the_package_keeps_the_contract():
     assert len(classes) >= 15  # the package's own, not just the base
     for cls in classes:
         if issubclass(cls, OSError):
-            continue  # OSError's own pickling (errno, strerror) comes first in its MRO
+            continue  # test_an_error_that_is_also_an_oserror_keeps_its_errno
         error = cls.__new__(cls)
         error.args = (f"{cls.__name__} message",)
         error.detail = {"page": 2}
         back = pickle.loads(pickle.dumps(error))
         assert type(back) is cls and back.args == error.args and back.detail == {"page": 2}, cls
+
+
+def test_an_error_that_is_also_an_oserror_keeps_its_errno():
+    import errno
+    import threading
+
+    from pantheon_ocr.pipeline.files import PlantedPath
+
+    for error in (PlantedPath(errno.ELOOP, "a link where the output folder goes", "/out/a"),
+                  Full(errno.ENOSPC, "No space left on device", "/out/a.md")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.errno, back.strerror, back.filename) == (error.errno, error.strerror, error.filename)
+    held = ModelError("/m/x.gguf", "busy")
+    held.lock = threading.Lock()  # an attribute that cannot pickle: its text comes through
+    back = pickle.loads(pickle.dumps(held))
+    assert str(back) == "/m/x.gguf: busy" and back.path == "/m/x.gguf" and back.lock == str(held.lock)

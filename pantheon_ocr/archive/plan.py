@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from ..errors import InputError, path_text
-from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages
+from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
 from ..pipeline.naming import OutputPaths, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
@@ -141,6 +141,9 @@ class Planner:
                                        f"the document has {n_pages} page{'s' if n_pages != 1 else ''}")
         self.state.set_pages(row_id, stamp, n_pages, self.pages_spec, selected, keep_done=keep_done, bump=bump, error=error)
         if error is None:
+            past = past_end_note(self.spec.ocr.pages, n_pages)  # said once: when the document or selection is new
+            if past:
+                self.log.notes.append(f"{path_text(self.state.document(row_id)['path'])}: {past}")
             return
         row = self.state.document(row_id)
         self.log.fail(row["path"], None, error)

@@ -59,7 +59,12 @@ def fresh_state(spec) -> tuple[JobState, str | None]:
     note = None
     if os.path.lexists(path):
         kind = "damaged" if old is None else "old"  # a whole file is not called damaged
-        aside = path.with_name(f"{path.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        aside = path.with_name(f"{path.name}.{kind}-{stamp}")
+        n = 1
+        while any(os.path.lexists(f"{aside}{suffix}") for suffix in ("", "-wal", "-shm")):
+            n += 1  # two rebuilds in one second: the first one's file is kept, never replaced
+            aside = path.with_name(f"{path.name}.{kind}-{stamp}-{n}")
         try:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.lexists(f"{path}{suffix}"):

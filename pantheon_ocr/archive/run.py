@@ -245,7 +245,8 @@ class _JobRun:
             paths = write_reports(summary, self.spec.reports, self.run_id)
         except Exception as e:  # noqa: BLE001 - a report is not worth a lock left behind
             # our errors name the file or folder; any other gets the reports folder named
-            why = e if isinstance(e, PantheonError) else f"{path_text(self.spec.reports)}: {getattr(e, 'strerror', None) or e}"
+            why = e if isinstance(e, PantheonError) else (
+                f"{path_text(self.spec.reports)}: {(e.strerror if isinstance(e, OSError) else None) or e}")
             self.say(f"warning: cannot write the report: {why}")
         for step in (lambda: self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths)),
                      lambda: self.state.release(self.run_id)):

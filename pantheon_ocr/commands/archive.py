@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..errors import UsageError
 from .common import count, count_by, sigterm_as_interrupt
 
 
@@ -41,7 +42,7 @@ def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: in
 def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, progress) -> None:
     """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
     if no_ray and (ray_address or ray_workers):  # which one was meant is not ours to guess
-        raise click.UsageError(f"--no-ray contradicts {'--ray' if ray_address else '--ray-workers'}: give one of them")
+        raise UsageError(f"--no-ray contradicts {'--ray' if ray_address else '--ray-workers'}: give one of them")
     from ..archive import run as job_run
     from ..archive.report import run_lines
     from .progress import progress_bar
@@ -53,7 +54,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
     set_threads(stage_threads(spec.model.engine.threads, spec.ocr.overlap))
     address = None if no_ray else ray_address or spec.ray.address
     if ray_workers and address is None:
-        raise click.UsageError("--ray-workers runs on Ray: give --ray ADDRESS, or [ray] address in the job file")
+        raise UsageError("--ray-workers runs on Ray: give --ray ADDRESS, or [ray] address in the job file")
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress
 

@@ -27,12 +27,12 @@ from .options import table_options
 def _ints(value: str, name: str, low: int = 1, high: int | None = None) -> list[int]:
     """'1,8,16' -> [1, 8, 16]: each a whole number in [low, high], a repeat run once; an empty
     item ('1,,2') is a typo, not nothing."""
-    items = [v.strip() for v in str(value).split(",")]
-    try:
-        out = [int(v) for v in items]
-    except ValueError:
-        bad = next(v for v in items if not v.lstrip("+-").isdigit())
-        raise UsageError(f"{name}: expected comma-separated integers, cannot read {bad!r} in {value!r}") from None
+    out = []
+    for item in (v.strip() for v in str(value).split(",")):
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise UsageError(f"{name}: expected comma-separated integers, cannot read {item!r} in {value!r}") from None
     if min(out) < low or (high is not None and max(out) > high):
         bounds = f">= {low}" if high is None else f"from {low} to {high}"
         raise UsageError(f"{name}: values must be {bounds}, got {value!r}")

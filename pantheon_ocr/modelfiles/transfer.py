@@ -217,7 +217,7 @@ def _connect_cause(e: BaseException, url: str) -> str:
     host = urlsplit(url).hostname or url
     if isinstance(cause, socket.gaierror):
         return f"host {host} not found (no network or no DNS?; HF_HUB_OFFLINE=1 uses what is in the cache)"
-    code = getattr(cause, "errno", None)
+    code = cause.errno if cause is not None else None  # the loop stops at an OSError or at nothing
     if code == errno.ECONNREFUSED:
         return "connection refused (nothing listens there: is HF_ENDPOINT right?)"
     if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHOSTDOWN):

@@ -262,6 +262,16 @@ def pages_past_end(spec: str | None, n_pages: int) -> str:
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in merged)
 
 
+def past_end_note(spec: str | None, n_pages: int) -> str:
+    """What a document lacks of a selection, said with its outcome: 'selected page 501 past its
+    end: it has 500 pages'; '' when it has them all (see pages_past_end)."""
+    past = pages_past_end(spec, n_pages)
+    if not past:
+        return ""
+    return (f"selected page{'s' if '-' in past or ',' in past else ''} {past} past its end: it has {n_pages} "
+            f"page{'s' if n_pages != 1 else ''}")
+
+
 def parse_pages(spec: str | None, n_pages: int, clip: bool = False) -> list[int]:
     """A 1-based page spec ('1-3,7', '5-', '-2', 'all' or None) -> sorted unique 0-based page
     indices. Pages beyond n_pages are a UsageError, or dropped when clip=True (one spec applied

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .files import changed_since, file_stamp
-from .inputs import Document, pages_past_end, parse_pages, validate_page_spec
+from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
 from .naming import OutputPaths, claim_all, plan_output_paths
@@ -186,11 +186,8 @@ class _Run:
                     str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
                                          f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
-            past = pages_past_end(opts.pages, n_pages)  # read what exists, and say what did not
-            note = (f"selected page{'s' if '-' in past or ',' in past else ''} {past} past its end: it has {n_pages} "
-                    f"page{'s' if n_pages != 1 else ''}") if past else ""
             self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
-                                                note=note)
+                                                note=past_end_note(opts.pages, n_pages))  # read what exists, say what not
             self.tasks += [PageTask(doc, i, n_pages) for i in pages]
 
     def _plan_tasks(self, tasks: list[PageTask]) -> None:
@@ -263,7 +260,7 @@ class _Run:
         if state.changed:  # pages of two versions, or of one no longer there: none of them is written
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=(
                 PageFailure(str(doc.path), None, f"changed while it was being read ({state.changed}): "
-                                                 "nothing written, run again to read the new version"),))
+                                                 "nothing written, run again to read the new version"),), note=state.note)
             return
         if self.fallback is not None and self.options.fallback_in_pipeline:
             results = self.fallback.apply(results, self.stop)
@@ -271,7 +268,7 @@ class _Run:
                          for r in results if r.error is not None)
         if all(r.error is not None and not r.from_text_layer for r in results):
             # Nothing readable: write nothing, so that the next run tries the document again.
-            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures)
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures, note=state.note)
             return
         if not self.write_outputs:  # the caller writes (see run_pipeline)
             status = "partial" if failures else "written"
@@ -283,7 +280,8 @@ class _Run:
                                      self.sources.get(doc.doc_id))
         except OSError as e:
             failure = PageFailure(str(doc.path), None, f"cannot write the output: {e.strerror or e}")
-            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", n_pages=len(results), failures=failures + (failure,))
+            self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", n_pages=len(results), failures=failures + (failure,),
+                                                        note=state.note)
             return
         status = "partial" if failures else "written"
         self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures, state.note)

@@ -11,7 +11,7 @@ from fake_engine import EngineFactory, md_body
 from pantheon_ocr.archive.run import load_job, run_job
 from pantheon_ocr.errors import ExitCode
 
-from .harness import check_outputs, pdf, run_cli, write_job
+from .harness import check_outputs, md_pages, pdf, run_cli, write_job
 
 
 def run(job: Path, **kw):
@@ -52,6 +52,19 @@ def test_a_selection_that_matches_nothing_fails_the_document_like_transcribe(tmp
     # --retry-failed tries it again: it fails again, for the same reason
     result = run(job, retry_failed=True)
     assert result.exit_code == ExitCode.PAGES_FAILED and [f["reason"] for f in result.summary["failures"]][0] == NONE_SELECTED
+
+
+def test_pages_a_selection_names_past_a_documents_end_are_noted_once(tmp_path):
+    pdf(tmp_path / "in", "a.pdf", 3, 1)
+    pdf(tmp_path / "in", "b.pdf", 5, 2)
+    job = write_job(tmp_path, ocr={"pages": "2-4"})
+    result = run(job)
+    assert result.exit_code == ExitCode.OK
+    assert [[p for p, _, _ in md_pages(md_body(tmp_path / "out" / n))] for n in ("a.md", "b.md")] == [[2, 3], [2, 3, 4]]
+    a = tmp_path / "in" / "a.pdf"
+    assert [n for n in result.summary["notes"] if "past its end" in n] == [
+        f"{a}: selected page 4 past its end: it has 3 pages"]
+    assert not [n for n in run(job).summary["notes"] if "past its end" in n]  # unchanged: said once
 
 
 def test_a_selection_that_matches_nothing_removes_the_outputs_of_a_wider_one(tmp_path):

@@ -102,6 +102,18 @@ def test_a_whole_state_rebuilt_anyway_is_set_aside_as_old_not_damaged(tmp_path):
     assert any(n.startswith("the damaged job state was set aside as ") for n in result.summary["notes"])
 
 
+def test_two_rebuilds_in_one_second_keep_both_old_states(tmp_path, monkeypatch):
+    import time
+
+    job = three_runs(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20261206-120000")  # the same second, twice
+    run(job, rebuild_state=True)
+    first = (tmp_path / "job.sqlite.old-20261206-120000").read_bytes()
+    run(job, rebuild_state=True)
+    assert (tmp_path / "job.sqlite.old-20261206-120000").read_bytes() == first  # not replaced
+    assert (tmp_path / "job.sqlite.old-20261206-120000-2").exists()
+
+
 def test_the_old_states_runs_count_without_their_reports(tmp_path):
     job = three_runs(tmp_path)
     for p in (tmp_path / "job-reports").iterdir():

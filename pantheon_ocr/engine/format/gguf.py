@@ -61,7 +61,7 @@ class GGUFFile:
                 self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError, OverflowError) as exc:
                 raise ModelError(self.path, f"cannot map the model file ({size / 2**30:.1f} GiB) into memory: "
-                                            f"{getattr(exc, 'strerror', None) or exc} (is the address space limited, "
+                                            f"{(exc.strerror if isinstance(exc, OSError) else None) or exc} (is the address space limited, "
                                             "e.g. by ulimit -v, or the file larger than this system can map?)") from None
             self.metadata: dict[str, Any] = {}
             self.tensors: dict[str, TensorInfo] = {}

@@ -27,11 +27,15 @@ class Region:
 
 
 def otsu(grey: np.ndarray) -> int:
+    """Otsu's threshold as ink = grey < otsu(grey). Its class 0 is the levels <= k for the k of the
+    largest between-class variance, so the threshold is k + 1: on a page of two levels (a 1-bit
+    scan, a fax) every k below the lighter one ties, argmax takes the darker, and `grey < k` alone
+    would find no ink at all and call the page blank."""
     hist = np.bincount(grey.ravel(), minlength=256).astype(np.float64)
     p = hist / hist.sum()
     omega, mu = np.cumsum(p), np.cumsum(p * np.arange(256))
     between = (mu[-1] * omega - mu) ** 2 / np.maximum(omega * (1 - omega), 1e-12)
-    return int(np.argmax(between))
+    return int(np.argmax(between)) + 1
 
 
 def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -83,6 +83,22 @@ def test_blank_page_reads_empty(engine, tmp_path):
     assert read(engine, pdf, tmp_path) == [""]
 
 
+def test_a_one_bit_scan_is_read_not_blank(engine, tmp_path):
+    """A fax-like page: a 1-bit Group 4 TIFF, black and white only (it read as a blank page)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("L", (1700, 2200), 255)
+    draw = ImageDraw.Draw(img)
+    for i, s in enumerate(SENTENCES):
+        draw.text((150, 300 + 70 * i), s, font=ImageFont.load_default(size=34), fill=0)
+    path = tmp_path / "fax.tif"
+    img.convert("1").save(path, compression="group4")
+    (text,) = read(engine, path, tmp_path)
+    assert len([line for line in text.splitlines() if line.strip()]) == len(SENTENCES)
+    rates = error_rates([("\n".join(SENTENCES), text)])
+    assert rates["cer"] <= 0.10, (rates, text)
+
+
 # Written for this test in each language of the training prose (not taken from any corpus; Latin-1
 # characters only, which the sample PDFs' WinAnsi Helvetica shows).
 LANGUAGE_SENTENCES = {

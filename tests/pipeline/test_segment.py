@@ -91,3 +91,13 @@ def test_line_images_are_line_height_and_patch_multiples():
 def test_degenerate_pages(shape):
     regions, _ = segment(np.full(shape, 255, np.uint8))
     assert regions == []
+
+
+def test_a_page_of_two_levels_has_its_lines():
+    """A 1-bit scan or a fax: black on white and nothing between. Every Otsu threshold below white
+    ties there; the page once came out blank."""
+    lines = [(150, 200 + 60 * i, f"bilevel scan line {i}") for i in range(4)]
+    grey = np.where(page(lines) < 128, 0, 255).astype(np.uint8)
+    assert set(np.unique(grey)) == {0, 255}
+    regions, _ = segment(grey)
+    assert texts_in_order(regions, lines) == [t for _, _, t in lines]

@@ -119,7 +119,7 @@ def _cached_pdf(doc: Document, password: str | None):
     if entry is not None:
         _pdf_cache.pop("pdf")[1].close()
     try:
-        pdf = pdfium.PdfDocument(doc.path, password=password)
+        pdf = _open_pdf(pdfium, doc.path, password)
     except pdfium.PdfiumError as e:
         raise InputError(doc.path, _pdf_problem(doc.path, e.err_code, password)) from None
     except OSError as e:
@@ -133,6 +133,21 @@ def _cached_pdf(doc: Document, password: str | None):
         pass  # a broken form layer should not cost the page content
     _pdf_cache["pdf"] = (key, pdf)
     return pdf
+
+
+def _open_pdf(pdfium, path: Path, password: str | None):
+    """The PDF, opened with the password given, or without one where it fails: one password is
+    given for a whole batch, and a PDF with only an owner password (it may be printed, not
+    edited) opens without any, whatever that password was meant for."""
+    try:
+        return pdfium.PdfDocument(path, password=password)
+    except pdfium.PdfiumError as e:
+        if password is None or e.err_code != _FPDF_ERR_PASSWORD:
+            raise
+        try:
+            return pdfium.PdfDocument(path, password=None)
+        except pdfium.PdfiumError:
+            raise e from None  # the given password's failure is the one to say
 
 
 def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
@@ -246,12 +261,31 @@ def _jpeg_too_short(path: Path, w: int, h: int) -> bool:
 
 
 def _n_frames(img: Image.Image) -> int:
-    return getattr(img, "n_frames", 1) if img.format == "TIFF" else 1
+    """Frames of a TIFF (its pages), 1 for other images. A damaged chain of frames (a file cut
+    short) counts the frames found and the one that breaks it, which then fails as its own page:
+    the frames before it are still read."""
+    if img.format != "TIFF":
+        return 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PIL's "Corrupt EXIF data" and the like: the page's reason says it
+        try:
+            return img.n_frames
+        except Exception:  # noqa: BLE001 - PIL raises TypeError, ValueError, OSError, ... for a broken IFD
+            n = 0
+            try:
+                while True:
+                    img.seek(n)
+                    n += 1
+            except EOFError:
+                return max(n, 1)
+            except Exception:  # noqa: BLE001 - frame n is the broken one
+                return n + 1
 
 
 def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Image:
     page_no = page_index + 1
-    with _open_image(doc, page_no) as img:
+    with _open_image(doc, page_no) as img, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PIL's "Corrupt EXIF data" and the like: a failed page says why
         n = _n_frames(img)
         if not 0 <= page_index < n:
             raise InputError(doc.path, f"page {page_no} does not exist (the image has {n} page{'s' * (n != 1)})", page=page_no)
@@ -276,7 +310,7 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
             rgb = to_rgb(frame)
         except InputError:
             raise
-        except (OSError, ValueError, SyntaxError) as e:  # truncated data, bad tiles, ...
+        except (OSError, ValueError, SyntaxError, TypeError, EOFError) as e:  # truncated data, bad tiles, a broken IFD
             raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
     w, h = rgb.size
     if max(w, h) > longest_edge:

@@ -360,3 +360,40 @@ def test_damaged_images(tmp_path):
     junk = touch(tmp_path / "junk.jpg", b"\xff\xd8 not really a jpeg")
     with pytest.raises(InputError, match="not a readable image"):
         render_page(make_document(junk), 0)
+
+
+def test_a_password_for_another_pdf_does_not_stop_one_that_needs_none(tmp_path):
+    """One --password for a batch: a PDF with only an owner password (printable, not editable)
+    opens without any, so the password given for another file must not fail it."""
+    import hashlib
+
+    c = ms.Canvas()
+    c.text(72, 700, "Owner locked text")
+    security = ms.Rc4Security("", "owner-secret", file_id=hashlib.md5(b"owner-only").digest())
+    owner_only = touch(tmp_path / "owner-only.pdf", ms.build_pdf([c], security=security))
+    assert count_pages(make_document(owner_only), password="for-another-file") == 1
+    assert render_page(make_document(owner_only), 0, password="for-another-file").size == (1190, 1540)
+    user = make_document(SAMPLES / "bad" / "encrypted.pdf")
+    with pytest.raises(InputError, match="wrong password for this encrypted PDF"):
+        count_pages(user, password="not-it")
+    assert count_pages(user, password=ms.PASSWORD) == 1
+
+
+def test_a_multi_page_tiff_cut_short_keeps_the_pages_before_the_cut(tmp_path):
+    """A 4-frame TIFF whose last fifth is gone: its first frames are pages as ever; the document is
+    not lost to the broken chain of frames (once 'TypeError: Missing dimensions' for all of it)."""
+    from PIL import Image
+
+    frames = [Image.new("L", (600, 800), 255 - 40 * i) for i in range(4)]
+    whole = tmp_path / "whole.tif"
+    frames[0].save(whole, save_all=True, append_images=frames[1:], compression="tiff_lzw")
+    data = whole.read_bytes()
+    cut = make_document(touch(tmp_path / "cut.tif", data[: len(data) * 4 // 5]))
+    n = count_pages(cut)
+    assert n >= 1
+    assert render_page(cut, 0).size == (600, 800)
+    for i in range(n):  # each page is an image or its own clear failure, never another exception
+        try:
+            render_page(cut, i)
+        except InputError as e:
+            assert e.page == i + 1 and "damaged" in e.problem

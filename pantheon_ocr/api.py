@@ -12,7 +12,8 @@ thread overlapped with batched decoding), called from Python.
 
 Options are the options table's (pantheon_ocr/options.py), by their field names:
 `Reader(weights="bf16", batch_size=16, max_tokens=2048, text_layer="prefer")`. `read` and
-`read_many` also take a PIL image, a uint8 array or the bytes of an image file.
+`read_many` also take a PIL image, a uint8 array or the bytes of an image or PDF file (named
+"image N" / "document N" in their pages, N their place in the list).
 """
 
 from __future__ import annotations
@@ -83,13 +84,23 @@ class Reader:
             set_threads(threads)
         self.engine, self.notes = load_page_engine(self.engine_options)
 
-    def options(self, out_dir: str | os.PathLike, **overrides) -> PipelineOptions:
+    def options(self, out_dir: str | bytes | os.PathLike, **overrides) -> PipelineOptions:
         """The PipelineOptions of a run writing to `out_dir`."""
-        return PipelineOptions(out_dir=Path(out_dir), sampling=self.sampling, **{**self._pipeline_kw, **overrides})
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(PipelineOptions)})
+        if unknown:
+            raise UsageError(f"unknown run option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (a run takes "
+                             f"the fields of PipelineOptions; engine and sampling options go to Reader())")
+        return PipelineOptions(out_dir=Path(os.fsdecode(out_dir)), sampling=self.sampling,
+                               **{**self._pipeline_kw, **overrides})
+
+    def _engine(self):
+        if self.engine is None:
+            raise UsageError("this Reader is closed: make a new one")
+        return self.engine
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, source: Any, pages: str | None = None) -> Iterator[Page]:
-        """The pages of one document (a path, a PIL image, a uint8 array or image bytes), in order."""
+        """The pages of one document (a path, a PIL image, a uint8 array, image or PDF bytes), in order."""
         return self.read_many([source], pages)
 
     def read_many(self, sources: Iterable[Any], pages: str | None = None) -> Iterator[Page]:
@@ -99,20 +110,27 @@ class Reader:
         from .pipeline.inputs import expand_inputs
 
         with tempfile.TemporaryDirectory(prefix="pantheon-ocr-api-") as scratch:
+            options = self.options(Path(scratch) / "out", pages=pages, overwrite=True)
+            self._engine()
             problems: list = []
             paths = []
+            names: dict[str, str] = {}  # a scratch file -> the name of the in-memory image it holds
             for i, source in enumerate(_sources(sources)):
                 try:
-                    paths.append(_as_path(source, Path(scratch), i))
+                    path = _as_path(source, Path(scratch), i)
                 except InputError as e:  # one bad in-memory image is that document's failure, not the run's
                     yield Page(e.path, 0, "", 0, None, e.problem)
+                    continue
+                paths.append(path)
+                if path.parent == Path(scratch):
+                    names[str(path)] = f"{'document' if path.suffix == '.pdf' else 'image'} {i + 1}"
             documents = expand_inputs([str(p) for p in paths], problems)
             for e in problems:
                 yield Page(str(e.path), 0, "", 0, None, e.problem)
-            if documents:
-                yield from self._stream(documents, self.options(Path(scratch) / "out", pages=pages, overwrite=True))
+            for page in self._stream(documents, options) if documents else ():
+                yield dataclasses.replace(page, document=names.get(page.document, page.document))
 
-    def transcribe(self, inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+    def transcribe(self, inputs: Iterable[str | bytes | os.PathLike], out_dir: str | bytes | os.PathLike,
                    on_progress: Callable | None = None, **overrides):
         """Write every document's outputs under `out_dir`, as `pantheon-ocr transcribe` does;
         the RunSummary (documents and their status, failures, unreadable inputs)."""
@@ -122,13 +140,20 @@ class Reader:
 
         from .pipeline.outputs import check_output_folder
 
-        check_output_folder(out_dir)  # before any page is read: a run that cannot keep its outputs stops now
+        options = self.options(out_dir, **overrides)
+        self._engine()
+        sources = _sources(inputs)
+        images = [type(s).__name__ for s in sources if not isinstance(s, (str, bytes, os.PathLike))]
+        if images:
+            raise UsageError(f"transcribe writes files named after its inputs, so it takes paths (got a {images[0]}); "
+                             "read() and read_many() take images")
+        check_output_folder(options.out_dir)  # before any page is read: a run that cannot keep its outputs stops now
         problems: list = []
-        documents = expand_inputs([str(i) for i in _sources(inputs)], problems)
+        documents = expand_inputs([os.fsdecode(i) for i in sources], problems)
         unreadable = tuple(PageFailure(e.path, None, e.problem) for e in problems)
         if not documents:
             return RunSummary((), unreadable=unreadable)
-        summary = run_pipeline(documents, self.engine, self.options(out_dir, **overrides), on_progress=on_progress)
+        summary = run_pipeline(documents, self._engine(), options, on_progress=on_progress)
         return dataclasses.replace(summary, unreadable=unreadable)
 
     def _stream(self, documents, options: PipelineOptions) -> Iterator[Page]:
@@ -136,12 +161,13 @@ class Reader:
         page order: a page as soon as the ones before it are out, the rest when its document ends."""
         from .pipeline.run import run_pipeline
 
+        engine = self._engine()
         events: queue.Queue = queue.Queue()
         stop = threading.Event()
 
         def run() -> None:
             try:
-                run_pipeline(documents, self.engine, options, write_outputs=False, stop=stop,
+                run_pipeline(documents, engine, options, write_outputs=False, stop=stop,
                              on_page=lambda r: events.put(("page", r)),
                              on_progress=lambda p: [events.put(("doc", o)) for o in p.finished])
                 events.put(("end", None))
@@ -244,9 +270,15 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
     place in the list, for an image that cannot be read (undecodable bytes, an odd array)."""
     if isinstance(source, (str, os.PathLike)):
         return Path(source)
+    if isinstance(source, bytes) and len(source) < 4096 and b"\0" not in source and os.path.exists(source):
+        return Path(os.fsdecode(source))  # a path as bytes (as os.listdir(b".") gives them), not an image's bytes
     from PIL import Image, UnidentifiedImageError
 
     name = f"image {i + 1}"
+    if isinstance(source, (bytes, bytearray)) and bytes(source[:5]) == b"%PDF-":
+        path = scratch / f"document-{i + 1}.pdf"  # a PDF's bytes: read as the PDF they are
+        path.write_bytes(source)
+        return path
     if isinstance(source, (bytes, bytearray)):
         import io
 
@@ -255,7 +287,8 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
             source = Image.open(io.BytesIO(data))
             source.load()  # a truncated file fails here, not later in a worker
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-            problem = "no bytes" if not data else f"not a readable image ({len(data):,} bytes): {e}"
+            why = "unknown or damaged format" if isinstance(e, UnidentifiedImageError) else str(e)  # not PIL's BytesIO repr
+            problem = "no bytes" if not data else f"not a readable image ({len(data):,} bytes): {why}"
             raise InputError(name, problem) from None
     elif not isinstance(source, Image.Image):
         import numpy as np
@@ -270,7 +303,9 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
     if source.width < 1 or source.height < 1:
         raise InputError(name, f"an empty image ({source.width} x {source.height})")
     if source.mode not in ("1", "L", "LA", "P", "RGB", "RGBA", "I;16"):  # what PNG keeps; others read as RGB
-        source = source.convert("RGB")
+        from .engine.image.images import to_rgb
+
+        source = to_rgb(source)  # as a file of that mode is read: 32-bit and float data scaled, not clipped
     path = scratch / f"image-{i + 1}.png"
     try:
         source.save(path)

@@ -130,8 +130,10 @@ def specs(cls) -> list[Option]:
     return [spec(cls, f.name) for f in fields(cls) if "option" in f.metadata]
 
 
-def _validate(obj) -> None:
+def _validate(obj, skip: tuple[str, ...] = ()) -> None:
     for o in specs(type(obj)):
+        if o.name in skip:
+            continue
         value = getattr(obj, o.name)
         try:
             checked = o.check(value)
@@ -155,14 +157,9 @@ class SamplingOptions:
     seed: int | None = option(0, "Sampling seed.", kind="int", lo=0)  # None: a fresh random seed
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise UsageError(f"max_tokens must be at least 1 (got {self.max_tokens})")
-        if not 0 <= self.temperature < float("inf"):  # also refuses nan: sampling at inf/nan is noise
-            raise UsageError(f"temperature must be a finite number >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise UsageError(f"seed must be an integer >= 0 (got {self.seed!r})")  # what numpy's generators take
+        # the table's types and ranges ('8' for max_tokens is no number); seed None is a fresh
+        # random seed, the one value outside them
+        _validate(self, skip=("seed",) if self.seed is None else ())
 
 
 # ------------------------------------------------------------------------------------- engine

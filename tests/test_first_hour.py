@@ -61,7 +61,7 @@ def test_read_many_files_images_and_bad_paths(reader, tmp_path):
     pages = list(reader.read_many([DOCS / "text-1page.pdf", img, Image.fromarray(img), tmp_path / "missing.pdf"]))
     by_doc = {p.document: p for p in pages}
     assert str(DOCS / "text-1page.pdf") in by_doc and by_doc[str(DOCS / "text-1page.pdf")].ok
-    assert sum(p.document.endswith(".png") for p in pages) == 2
+    assert [p.document for p in pages if p.document.startswith("image ")] == ["image 2", "image 3"]  # not a temp path
     bad = by_doc[str(tmp_path / "missing.pdf")]
     assert not bad.ok and bad.page == 0 and "no such file" in bad.error
 
@@ -93,6 +93,49 @@ def test_unreadable_in_memory_images_are_their_own_failures(reader):
     assert [p.ok for p in pages if p.ok] == [True]  # the good image after them was read
     with pytest.raises(pantheon_ocr.api.UsageError, match="cannot read a int"):
         list(reader.read_many([42]))
+
+
+def test_pdf_bytes_and_bytes_paths_are_documents(reader, tmp_path):
+    data = (DOCS / "report-3pages.pdf").read_bytes()
+    assert [(p.document, p.page, p.ok) for p in reader.read(data)] == [("document 1", n, True) for n in (1, 2, 3)]
+    path = bytes(DOCS / "text-1page.pdf")  # as os.listdir(b"...") and os.fsencode give paths
+    assert [(p.document, p.ok) for p in reader.read(path)] == [(str(DOCS / "text-1page.pdf"), True)]
+    (bad,) = reader.read(b"garbage")
+    assert bad.error == "not a readable image (7 bytes): unknown or damaged format"  # no BytesIO repr
+    summary = reader.transcribe([path], bytes(tmp_path / "out"))
+    assert [d.status for d in summary.documents] == ["written"] and (tmp_path / "out" / "text-1page.md").is_file()
+
+
+def test_wide_and_float_images_are_scaled_not_clipped(tmp_path):
+    """A 16/32-bit or float image given in memory reads as the same data in a file does: scaled to
+    8 bits (PIL's convert("RGB") clipped 32-bit values above 255 to white: a blank page)."""
+    from pantheon_ocr.api import _as_path
+
+    grey = np.full((200, 400), 60000, np.int32)
+    grey[80:120, 50:350] = 10000  # the "ink": well above 255, far below the paper
+    for img in (Image.fromarray(grey, "I"), Image.fromarray((grey / 65535).astype(np.float32), "F")):
+        stored = np.asarray(Image.open(_as_path(img, tmp_path, 0)).convert("L"))
+        assert stored[100, 200] < 64 and stored[10, 10] > 200, img.mode
+
+
+def test_runs_are_checked_like_the_reader(reader, tmp_path):
+    with pytest.raises(pantheon_ocr.api.UsageError, match="unknown run option bogus"):
+        reader.transcribe([DOCS / "text-1page.pdf"], tmp_path / "out", bogus=1)
+    with pytest.raises(pantheon_ocr.api.UsageError, match=r"takes paths \(got a ndarray\); read\(\) and read_many"):
+        reader.transcribe([np.full((60, 200, 3), 255, np.uint8)], tmp_path / "out")
+    with pytest.raises(pantheon_ocr.api.UsageError, match=r"max_tokens: must be an integer >= 1 \(got '8'\)"):
+        pantheon_ocr.Reader(MODEL, max_tokens="8")
+    assert not (tmp_path / "out").exists()  # refused before the folder was made
+
+
+def test_a_closed_reader_says_so():
+    closed = pantheon_ocr.Reader(MODEL, max_tokens=2, render_workers=1)
+    closed.close()
+    with pytest.raises(pantheon_ocr.api.UsageError, match="this Reader is closed"):
+        list(closed.read(DOCS / "text-1page.pdf"))
+    with pytest.raises(pantheon_ocr.api.UsageError, match="this Reader is closed"):
+        closed.transcribe([DOCS / "text-1page.pdf"], "never-made")
+    assert not Path("never-made").exists()
 
 
 def test_an_output_folder_that_cannot_be_written_stops_before_any_page(reader, tmp_path):

@@ -8,7 +8,9 @@ structure is mirrored and `a/report.pdf`, `b/report.pdf` do not meet. Per-page f
 Names never depend on the order of the inputs:
 - When documents of one run map to the same name (`scan.pdf` + `scan.png`, or two files named
   directly from different folders; compared case-insensitively), the one whose absolute path
-  sorts first (as bytes) keeps it and the others get `-<doc id[:8]>` appended.
+  sorts first (as bytes) keeps it and the others get `-<doc id[:8]>` appended; except that a
+  document whose outputs already hold that name (an earlier run had it alone) keeps them there,
+  and the first takes its suffixed name: nothing is read twice or written twice.
 - A document whose own name looks like a per-page file (`page-0003`) always gets the suffix, so
   no document's output can ever be another document's page file.
 - Every output records its source (`Source`: the input's path and sha256; see outputs.py for
@@ -228,6 +230,8 @@ def plan_output_paths(documents: Iterable[Document], out_dir: str | os.PathLike)
         suffixed = with_id(out / stem, doc_id, name_limit)
         if first_of.get(str(stem).casefold()) == doc_id:
             plan[doc_id] = OutputPaths(out / stem, (out / stem, suffixed), out)
+        elif str(stem).casefold() in first_of:  # the shared name too, where its outputs are this document's
+            plan[doc_id] = OutputPaths(suffixed, (out / stem, suffixed), out)
         else:
             plan[doc_id] = OutputPaths(suffixed, (suffixed,), out)
     return {doc_id: plan[doc_id] for doc_id in unique}
@@ -241,12 +245,17 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
     updated here) or when its existing output records another source. Call in the order of
     plan_output_paths' priority (absolute paths sorted as bytes) so that names stay stable."""
     candidates = planned.candidates or (planned.base,)
-    for base in candidates:
+    # names before the planned base are another document's by priority (a shared name): taken
+    # only where the outputs there are this document's already, so that they are not made again
+    ours_only = candidates.index(planned.base) if planned.base in candidates else 0
+    for i, base in enumerate(candidates):
         key = str(base).casefold()
         if key in claimed:
             continue
         paths = OutputPaths(base, root=planned.root)
         recorded = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
+        if i < ours_only and (recorded is None or recorded.path != source_path):
+            continue
         if recorded is not None and recorded.path != source_path and base != candidates[-1]:
             continue  # another document's outputs: keep them, take the next name
         claimed.add(key)

@@ -9,8 +9,9 @@ File names are written as `errors.path_text` shows them (undecodable bytes as `\
 
 A document's outputs are all written or none are: every file is first written to a temp file
 in its folder (fsync), then all are renamed into place, the primary format (the first in
-`formats`) last, so that its presence means the set is complete; if anything fails, the temp
-files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
+`formats`) last, so that its presence means the set is complete (an old primary is removed
+before the first rename, so a kill between the renames never leaves it beside new files); if
+anything fails, the temp files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
 output name the file system accepts also has a temp name it accepts.
 
 Nothing is written or deleted outside the output tree: every folder below its root is opened
@@ -127,7 +128,11 @@ def atomic_write_files(files: Sequence[tuple[Path, bytes]], root: str | os.PathL
         _write_all(tree, files)
 
 
-def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]]) -> None:
+def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks_complete: bool = False) -> None:
+    """files written to temps, then renamed into place in order. last_marks_complete: the last
+    file's presence says the set is whole (a document's primary format), so an old one goes
+    before the first rename: a kill between the renames leaves a set without it, which the next
+    run writes again, never an old primary beside new secondary files that passes for whole."""
     folders = list(dict.fromkeys(Path(path).parent for path, _ in files))
     for folder in folders:  # every planted link named before any folder is made
         tree.folder(folder, create=False)
@@ -142,6 +147,8 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]]) -> None:
             folder.verify()
         for place in places:
             place.folder.check_target(place.path.name)
+        if last_marks_complete and len(places) > 1:
+            places[-1].folder.unlink(places[-1].path.name)  # absent already: nothing to do
         for i, place in enumerate(places):
             os.replace(temps[i], place.path)
             temps[i] = ""
@@ -275,7 +282,7 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     crops = images_dir(paths.base)
     with OutputTree(paths.root or output_root(paths.base, results[0].doc if results else None)) as tree:
         tree.folder(crops, create=False)  # the stale crops' folder: a link there fails the document now
-        _write_all(tree, files)
+        _write_all(tree, files, last_marks_complete=True)
         remove_stale(tree.folder(crops, create=False), [path for path, _ in files[:n_crops]])
     return [path for path, _ in files[n_crops:]]
 

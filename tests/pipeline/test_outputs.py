@@ -171,3 +171,29 @@ def test_write_document_all_formats_primary_last(tmp_path, monkeypatch):
     assert paths.exist(("md", "jsonl", "txt"))
     os.unlink(paths.file("txt"))
     assert not paths.exist(("md", "jsonl", "txt")) and paths.exist(("md",))
+
+
+def test_a_kill_between_the_renames_of_a_rewrite_leaves_no_primary(tmp_path, monkeypatch):
+    """Rewriting a whole set (--overwrite, a changed input): killed after the JSONL's rename, the
+    old Markdown must not stay beside the new JSONL, passing for a whole set that skip-existing
+    would keep for good."""
+    d = doc(tmp_path, "r.pdf")
+    paths = plan_output_paths([d], tmp_path / "out")[d.doc_id]
+    write_document(paths, [result(d, 1, "old")], ("md", "jsonl"))
+    assert paths.exist(("md", "jsonl"))
+    real, renamed = os.replace, []
+
+    def killed_after_one(a, b):
+        if renamed:
+            raise KeyboardInterrupt  # a kill: nothing after this rename happens
+        renamed.append(b)
+        real(a, b)
+
+    monkeypatch.setattr(outputs.os, "replace", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        write_document(paths, [result(d, 1, "new")], ("md", "jsonl"))
+    assert [Path(b).name for b in renamed] == ["r.jsonl"] and "new" in paths.file("jsonl").read_text()
+    assert not paths.file("md").exists() and not paths.exist(("md", "jsonl"))  # incomplete: written again next run
+    monkeypatch.setattr(outputs.os, "replace", real)
+    write_document(paths, [result(d, 1, "new")], ("md", "jsonl"))
+    assert paths.exist(("md", "jsonl")) and "new" in paths.file("md").read_text()

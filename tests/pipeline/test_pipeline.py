@@ -211,6 +211,26 @@ def test_skip_existing_and_overwrite(tmp_path):
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2)])
 
 
+def test_a_shared_name_stays_with_the_document_whose_outputs_hold_it(tmp_path):
+    """b/x.pdf alone, then a/x.pdf with it: a sorts first and would take x.md, but x.md is b's.
+    b keeps it (skipped: nothing read twice, no second copy) and a takes its own suffixed name;
+    the next run skips both."""
+    a = write_pdf(tmp_path / "a", "x.pdf", 2, doc_no=1)
+    b = write_pdf(tmp_path / "b", "x.pdf", 1, doc_no=2)
+    run_pipeline(expand_inputs([str(b)]), FakeEngine(), options(tmp_path))
+    engine = FakeEngine()
+    summary = run_pipeline(expand_inputs([str(a), str(b)]), engine, options(tmp_path))
+    by_path = {str(d.doc.path): d for d in summary.documents}
+    assert by_path[str(b)].status == "skipped" and by_path[str(b)].outputs[0].name == "x.md"
+    a_out = by_path[str(a)].outputs[0]
+    assert by_path[str(a)].status == "written" and a_out.name.startswith("x-") and len(engine.prefills) == 2
+    assert md_body(a_out) == md_expected([(1, 1), (1, 2)]) and md_body(tmp_path / "out" / "x.md") == md_expected([(2, 1)])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["x.md", a_out.name])
+    again = FakeEngine()
+    assert [d.status for d in run_pipeline(expand_inputs([str(b), str(a)]), again, options(tmp_path)).documents] \
+        == ["skipped", "skipped"] and again.prefills == []
+
+
 def test_page_spec_is_clipped_per_document(tmp_path):
     a = write_pdf(tmp_path / "in", "a.pdf", 10, doc_no=1)
     b = write_pdf(tmp_path / "in", "b.pdf", 3, doc_no=2)

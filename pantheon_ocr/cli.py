@@ -4,6 +4,7 @@ so `pantheon-ocr --help` stays instant (no numpy, no engine)."""
 from __future__ import annotations
 
 import sys
+import traceback
 from importlib import import_module
 
 import click
@@ -47,12 +48,28 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(import_module(f"pantheon_ocr.commands.{module}"), attr)
+        return _with_verbose(getattr(import_module(f"pantheon_ocr.commands.{module}"), attr))
 
     def format_commands(self, ctx, formatter):
         rows = [(name, help_) for name, (_, _, help_) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _verbose(ctx: click.Context, param, value: bool) -> None:
+    if value:
+        ctx.find_root().obj["verbose"] = True
+
+
+def _with_verbose(command: click.Command) -> click.Command:
+    """-v after the command too (`transcribe docs -v`, as the notes' "-v says why" invites): the
+    same switch as before it, on every command and subcommand."""
+    if not any(p.name == "verbose" for p in command.params):
+        command.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose,
+                                           help="Show tracebacks and debug detail (as before the command)."))
+    for sub in command.commands.values() if isinstance(command, click.Group) else ():
+        _with_verbose(sub)
+    return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,8 +99,8 @@ def _main(args: list[str], verbose: bool) -> int:
         code = cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
         return code if isinstance(code, int) else 0
     except PantheonError as exc:
-        if verbose:
-            raise
+        if verbose:  # the traceback, then the same line and exit code as without -v
+            traceback.print_exc()
         click.echo(f"error: {shown(exc)}", err=True)
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -103,8 +120,9 @@ def _main(args: list[str], verbose: bool) -> int:
     except Exception as exc:  # a bug: say so in one line unless -v
         exc = exc.args[0] if isinstance(exc, _Unexpected) else exc
         if verbose:
-            raise exc
-        click.echo(f"internal error: {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True)
+            traceback.print_exception(exc)
+        click.echo(f"internal error: {type(exc).__name__}: {exc}" + ("" if verbose else " (-v shows the traceback)"),
+                   err=True)
         return 1
 
 

@@ -209,7 +209,8 @@ class PipelineOptions:
     """How to run pages (pipeline/run.py)."""
 
     out_dir: Path
-    formats: tuple[str, ...] = option(("md",), "Output format (repeat for several).", choices=FORMATS,
+    formats: tuple[str, ...] = option(("md",), "Output format: repeat it, or give several with commas (md,jsonl); "
+                                               "the first is the primary.", choices=FORMATS,
                                       cli_name="format")
     page_files: bool = option(False, "Also write one file per page.")
     overwrite: bool = False  # else documents whose outputs exist (from the same source) are skipped

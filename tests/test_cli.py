@@ -282,3 +282,22 @@ def test_a_broken_pipe_that_is_not_our_output_stays_an_error(monkeypatch, capsys
         name, callback=broken))
     assert cli.main(["inspect"]) == 1
     assert "internal error: BrokenPipeError" in capsys.readouterr().err
+
+
+def test_v_after_the_command_is_the_same_switch(tmp_path):
+    """The engine line says "(-v says why)": `transcribe docs -v` must then say why, not 'No such option'."""
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path, "--max-tokens", 2,
+                       "--no-progress", "-v")
+    assert code == 0 and "note: weights: " in err and "(-v says why)" not in err
+    code, _, err = run("archive", "status", tmp_path / "missing.toml", "--verbose")
+    assert code == 2 and "Traceback" in err  # -v's traceback, from a subcommand's place too, and the exit code
+    assert err.endswith(f"error: {tmp_path / 'missing.toml'}: no such job file\n")
+
+
+def test_formats_take_commas_like_the_other_lists(tmp_path):
+    code, _, err = transcribe(DOCS / "text-1page.pdf", "--format", "jsonl,md", "--format", "txt,jsonl", out=tmp_path,
+                              max_tokens=2)
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text-1page.jsonl", "text-1page.md", "text-1page.txt"]
+    code, _, err = transcribe(DOCS / "text-1page.pdf", "--format", "md,docx", out=tmp_path / "x")
+    assert code == 2 and "'docx' is not one of 'md', 'jsonl', 'txt'" in err

@@ -61,10 +61,11 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
     page_failures = [f for d in summary.documents for f in d.failures if f.page is not None]
     doc_failures = [f for d in summary.documents for f in d.failures if f.page is None]
     if page_failures or doc_failures or summary.unreadable:
-        parts = [count(len(page_failures), "page")] if page_failures else []
-        parts += [count(len(doc_failures), "document")] if doc_failures else []
+        failed = [count(len(page_failures), "page")] if page_failures else []
+        failed += [count(len(doc_failures), "document")] if doc_failures else []
+        parts = [" and ".join(failed) + " failed"] if failed else []
         parts += [count(len(summary.unreadable), "input path") + " unreadable"] if summary.unreadable else []
-        lines.append(" and ".join(parts) + (" failed" if page_failures or doc_failures else "") + ":")
+        lines.append(", ".join(parts) + ":")  # "2 pages and 1 document failed, 1 input path unreadable:"
         lines += [f"  {f}" for f in list(summary.unreadable) + doc_failures + page_failures]
     if summary.interrupted:
         lines.append("interrupted: finished documents are complete, the rest was not written")

@@ -27,6 +27,23 @@ def flag_name(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+class ChoiceList(click.Choice):
+    """A list option's value: one choice, or several with commas (`--format md,jsonl`), as
+    `--pages 1-3,7` and the bench lists take them; each checked against the choices."""
+
+    name = "choice-list"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        return tuple(super(ChoiceList, self).convert(v.strip(), param, ctx) for v in str(value).split(","))
+
+
+def _flatten(ctx, param, value) -> tuple:
+    """--format md,jsonl --format txt -> ('md', 'jsonl', 'txt'); a repeat is kept once, in order."""
+    return tuple(dict.fromkeys(v for item in value for v in (item if isinstance(item, tuple) else (item,))))
+
+
 def click_option(o: Option, **override):
     """One click option for an Option of the table."""
     kw: dict = {"help": o.help, "show_default": o.default is not None}
@@ -39,7 +56,7 @@ def click_option(o: Option, **override):
         if o.kind == "choice":
             kw["type"] = click.Choice(list(o.choices))
         elif o.kind == "list":
-            kw.update(type=click.Choice(list(o.choices)), multiple=True)
+            kw.update(type=ChoiceList(list(o.choices)), multiple=True, callback=_flatten)
         elif o.kind in ("int", "float"):
             rng = click.IntRange if o.kind == "int" else click.FloatRange
             kw["type"] = rng(o.lo, o.hi, min_open=o.lo_open) if (o.lo is not None or o.hi is not None) else \

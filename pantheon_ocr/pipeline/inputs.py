@@ -7,6 +7,7 @@ opens a PDF: counting and rendering pages is `render.py`'s job, in worker proces
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import hashlib
@@ -24,7 +25,11 @@ from ..errors import InputError, UsageError
 from .files import open_regular, special_kind
 
 PDF_EXTENSIONS = (".pdf",)
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp")
+# what Pillow reads here, found in folders and globs as named files are (GIF and WebP: their
+# first frame; AVIF and JPEG 2000 where this Pillow has their codecs)
+IMAGE_EXTENSIONS = tuple(e for e in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp", ".gif", ".jp2", ".j2k",
+                                     ".jpx", ".avif", ".pbm", ".pgm", ".ppm", ".pnm")
+                         if e in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp") or e in Image.registered_extensions())
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
     empty folder or glob is a problem. With `problems` (a list), each bad path is appended once
     and the others go ahead; without it the first one raises InputError."""
     docs: list[Document] = []
-    seen: set[tuple[int, int]] = set()
+    seen: dict[tuple, int] = {}  # the file -> its place in docs
     named: set[str] = set()
 
     def bad(e: InputError) -> None:
@@ -81,15 +86,23 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
 
     for item in items:
         for path, rel, st in _expand_one(item, bad):
-            key = (st.st_dev, st.st_ino)  # not Path.resolve(): it raises on a symlink loop
+            # one file however it is spelled or linked to (its real path: a hard link is a name of
+            # its own, read as its own document); os.path.realpath, unlike Path.resolve, never
+            # raises on a link loop
+            key = (st.st_dev, st.st_ino, os.path.realpath(path))
             if key in seen:
+                # reached from two of the inputs (`docs docs/sub`): outputs mirror the outer one,
+                # whatever order they were given in
+                i = seen[key]
+                if len(rel.parts) > len(docs[i].rel.parts):
+                    docs[i] = dataclasses.replace(docs[i], rel=rel)
                 continue
             try:
                 doc = make_document(path, rel)
             except InputError as e:
                 bad(e)
                 continue
-            seen.add(key)
+            seen[key] = len(docs)
             docs.append(doc)
     return docs
 
@@ -194,18 +207,22 @@ def _kind_by_extension(path: Path) -> Literal["pdf", "image"] | None:
 
 def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
     """By extension, except that a file named as an image that begins with a PDF header is a PDF
-    (a PDF saved as .png; an image whose metadata holds "%PDF-" further in stays an image); a file
-    with another extension is sniffed (a PDF header in its first 1,024 bytes, where PDF readers
+    (a PDF saved as .png; an image whose metadata holds "%PDF-" further in stays an image), and
+    one named .pdf with no PDF header that Pillow reads is an image; a file with another
+    extension is sniffed (a PDF header in its first 1,024 bytes, where PDF readers
     look for it; else PIL). A file that cannot be opened keeps its extension's kind: reading it
     says why."""
     kind = _kind_by_extension(path)
     try:
         with open_regular(path) as f:
             head = f.read(1024)
-            if kind is not None:
+            if kind == "image" or (kind == "pdf" and b"%PDF-" in head):
                 return "pdf" if kind == "image" and head.startswith(b"%PDF-") else kind
             if b"%PDF-" in head:
                 return "pdf"
+            # named .pdf with no PDF header, or an unknown extension: an image if Pillow reads it
+            # (a scan saved as .pdf by a careless tool); else the extension's kind, whose reading
+            # says what is wrong
             f.seek(0)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)

@@ -160,6 +160,8 @@ def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
             tail = f.read()
     except OSError as e:
         return f"cannot read file: {e.strerror or e}"
+    if not head:
+        return "an empty file (0 bytes)"
     if b"%PDF-" not in head[:1024]:
         return "not a PDF file (no %PDF header)"
     encrypted = b"/Encrypt" in head or b"/Encrypt" in tail
@@ -225,7 +227,9 @@ def _open_image(doc: Document, page: int | None) -> Image.Image:
     except Image.DecompressionBombError:
         raise InputError(doc.path, "the image is too large (decompression bomb guard)", page=page) from None
     except UnidentifiedImageError:
-        raise InputError(doc.path, "not a readable image (unknown or damaged format)", page=page) from None
+        empty = _stat_regular(doc, page).st_size == 0
+        raise InputError(doc.path, "an empty file (0 bytes)" if empty else "not a readable image (unknown or damaged format)",
+                         page=page) from None
     except OSError as e:
         raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page) from None
     w, h = img.size

@@ -178,7 +178,7 @@ def test_rebuild_exit_code_is_a_normal_nights_with_a_known_bad_input(tmp_path):
     assert result.summary["documents"] == {"new": 2, "skipped (unreadable)": 1, "recovered": 2}
     check_outputs(tmp_path / "out", {"a.md": (1, 3), "b.md": (2, 2)})
     assert job_status(load_job(job))["failures"] == [
-        {"path": str(tmp_path / "in" / "zero.pdf"), "page": None, "reason": "not a PDF file (no %PDF header)"}]
+        {"path": str(tmp_path / "in" / "zero.pdf"), "page": None, "reason": "an empty file (0 bytes)"}]
     assert run(job)[0].exit_code == ExitCode.OK
 
 

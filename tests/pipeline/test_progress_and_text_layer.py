@@ -3,6 +3,7 @@ changes while it is read, and a stop that does not wait for a long engine call."
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -19,7 +20,7 @@ from pantheon_ocr.engine.cancel import check as check_cancelled
 from pantheon_ocr.pipeline.fallback import text_layer_problem
 from pantheon_ocr.pipeline.inputs import expand_inputs
 from pantheon_ocr.pipeline.run import run_pipeline
-from pantheon_ocr.pipeline.types import PipelineOptions
+from pantheon_ocr.pipeline.types import PageFailure, PipelineOptions
 
 
 def pdf(folder: Path, name: str, n: int, doc_no: int) -> Path:
@@ -80,6 +81,17 @@ def test_counts_keep_documents_and_pages_apart(tmp_path):
     assert "short.pdf: none of the selected pages (2) exists: the document has 1 page" in text
     assert text.splitlines()[-1].startswith("3 documents (1 written, 2 failed); 1 page read")
     assert summary.exit_code == 1
+
+
+def test_the_failure_heading_reads_as_english(tmp_path):
+    """'1 document and 1 input path unreadable failed:' once; now what failed, then what was unreadable."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bad.pdf").write_bytes(b"%PDF-1.4 not really")
+    problems: list = []
+    docs = expand_inputs([str(tmp_path / "in" / "bad.pdf"), str(tmp_path / "missing.pdf")], problems)
+    summary = run_pipeline(docs, FakeEngine(), opts(tmp_path))
+    summary = dataclasses.replace(summary, unreadable=tuple(PageFailure(e.path, None, e.problem) for e in problems))
+    assert "1 document failed, 1 input path unreadable:" in summary_lines(summary)
 
 
 def text_and_scan_pdf(path: Path) -> Path:

@@ -397,3 +397,45 @@ def test_a_multi_page_tiff_cut_short_keeps_the_pages_before_the_cut(tmp_path):
             render_page(cut, i)
         except InputError as e:
             assert e.page == i + 1 and "damaged" in e.problem
+
+
+def test_folders_find_every_image_kind_a_named_file_may_be(tmp_path):
+    from PIL import Image
+
+    img = Image.new("RGB", (64, 64), "white")
+    for ext in (".gif", ".png", ".ppm"):
+        img.save(tmp_path / f"page{ext}")
+    (tmp_path / "notes.txt").write_text("not a page")
+    assert sorted(d.name for d in expand_inputs([str(tmp_path)])) == ["page.gif", "page.png", "page.ppm"]
+
+
+def test_an_image_saved_as_pdf_is_read_as_the_image_it_is(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (300, 200), "white").save(tmp_path / "scan.pdf", format="PNG")
+    (doc,) = expand_inputs([str(tmp_path / "scan.pdf")])
+    assert doc.kind == "image" and render_page(doc, 0).size == (300, 200)
+    touch(tmp_path / "junk.pdf", b"neither a PDF nor an image")
+    with pytest.raises(InputError, match="not a PDF file"):
+        count_pages(make_document(tmp_path / "junk.pdf"))
+
+
+@pytest.mark.parametrize("name", ["empty.pdf", "empty.png"])
+def test_an_empty_file_is_called_empty(tmp_path, name):
+    with pytest.raises(InputError, match=r": an empty file \(0 bytes\)$"):
+        count_pages(make_document(touch(tmp_path / name)))
+
+
+def test_a_hard_link_is_a_document_of_its_own_and_spellings_are_one(tmp_path):
+    a = touch(tmp_path / "docs" / "a.pdf", (SAMPLES / "docs" / "text-1page.pdf").read_bytes())
+    os.link(a, tmp_path / "docs" / "b.pdf")  # another name: the user expects its output
+    os.symlink(a, tmp_path / "docs" / "c.pdf")  # the same file: one document
+    found = expand_inputs([str(tmp_path / "docs"), str(a), str(tmp_path / "docs" / ".." / "docs" / "a.pdf")])
+    assert sorted(d.name for d in found) == ["a.pdf", "b.pdf"]
+
+
+def test_a_file_reached_from_two_inputs_mirrors_the_outer_one_in_any_order(tmp_path):
+    touch(tmp_path / "nest" / "sub" / "inner.pdf", (SAMPLES / "docs" / "text-1page.pdf").read_bytes())
+    outer, inner = str(tmp_path / "nest"), str(tmp_path / "nest" / "sub")
+    assert [d.rel for d in expand_inputs([outer, inner])] == [PurePath("sub/inner.pdf")]
+    assert [d.rel for d in expand_inputs([inner, outer])] == [PurePath("sub/inner.pdf")]

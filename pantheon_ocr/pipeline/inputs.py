@@ -91,11 +91,15 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
             # raises on a link loop
             key = (st.st_dev, st.st_ino, os.path.realpath(path))
             if key in seen:
-                # reached from two of the inputs (`docs docs/sub`): outputs mirror the outer one,
-                # whatever order they were given in
+                # reached twice: the file's own name over a symbolic link's (`ok.pdf` beside
+                # `link-to-ok.pdf`), then the outer of two inputs (`docs docs/sub`), whatever order
+                # they came in
                 i = seen[key]
-                if len(rel.parts) > len(docs[i].rel.parts):
-                    docs[i] = dataclasses.replace(docs[i], rel=rel)
+                if _preference(path, rel) > _preference(docs[i].path, docs[i].rel):
+                    try:
+                        docs[i] = make_document(path, rel)
+                    except InputError:
+                        pass
                 continue
             try:
                 doc = make_document(path, rel)
@@ -105,6 +109,10 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
             seen[key] = len(docs)
             docs.append(doc)
     return docs
+
+
+def _preference(path: Path, rel: PurePath) -> tuple[bool, int]:
+    return not os.path.islink(path), len(rel.parts)
 
 
 def _stat(item: str | os.PathLike, bad) -> os.stat_result | None:

@@ -430,8 +430,10 @@ def test_a_hard_link_is_a_document_of_its_own_and_spellings_are_one(tmp_path):
     a = touch(tmp_path / "docs" / "a.pdf", (SAMPLES / "docs" / "text-1page.pdf").read_bytes())
     os.link(a, tmp_path / "docs" / "b.pdf")  # another name: the user expects its output
     os.symlink(a, tmp_path / "docs" / "c.pdf")  # the same file: one document
+    os.symlink(a, tmp_path / "docs" / "0-link.pdf")  # sorts before a.pdf: the file's own name still wins
     found = expand_inputs([str(tmp_path / "docs"), str(a), str(tmp_path / "docs" / ".." / "docs" / "a.pdf")])
     assert sorted(d.name for d in found) == ["a.pdf", "b.pdf"]
+    assert expand_inputs([str(tmp_path / "docs" / "0-link.pdf")])[0].name == "0-link.pdf"  # named alone: itself
 
 
 def test_a_file_reached_from_two_inputs_mirrors_the_outer_one_in_any_order(tmp_path):

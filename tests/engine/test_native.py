@@ -218,7 +218,8 @@ def test_a_build_is_made_once_and_reused(tmp_path):
     made = first.kernel.path.stat().st_mtime_ns
     again = native.build(tmp_path)
     assert again.kernel.path == first.kernel.path and again.kernel.path.stat().st_mtime_ns == made
-    assert [p.name for p in tmp_path.iterdir()] == [first.kernel.path.name]  # no temporary file left
+    name = first.kernel.path.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, name + ".sha256"]  # no temporary file left
 
 
 def test_a_header_beside_the_source_is_part_of_the_librarys_name(tmp_path):
@@ -238,6 +239,37 @@ def test_a_header_beside_the_source_is_part_of_the_librarys_name(tmp_path):
         built.append(cached_build(cc, "k", src, [["-O2", "-fPIC", "-shared", str(src)]], tmp_path / "cache", 60)[1])
     assert built[0] != built[1] and built[2] == built[0]
     assert ctypes.CDLL(str(built[1])).k() == 2 and ctypes.CDLL(str(built[2])).k() == 1
+
+
+def test_a_cached_library_cut_short_is_built_again_not_loaded(tmp_path):
+    """Loading a truncated library kills the process with SIGBUS before anything can be said (every
+    later run too, until the cache is emptied by hand): it is checked against its digest first."""
+    from pantheon_ocr.engine.backends.compiled import cached_build, find_compiler, intact
+
+    if not can_build_here():
+        pytest.skip("needs an x86-64 CPU with AVX2 and FMA and a C compiler")
+    src = tmp_path / "src" / "k.c"
+    src.parent.mkdir()
+    src.write_text("int k(void) { return 7; }\n")
+    cc, args = find_compiler("CC", "cc"), [["-O2", "-fPIC", "-shared", str(src)]]
+    _, built = cached_build(cc, "k", src, args, tmp_path / "cache", 60)
+    whole = built.read_bytes()
+    built.write_bytes(whole[:1000])  # a disk that filled, a copy cut off
+    assert not intact(built)
+    assert cached_build(cc, "k", src, args, tmp_path / "cache", 60) == (0, built)
+    assert intact(built) and built.read_bytes() == whole and ctypes.CDLL(str(built)).k() == 7
+    (tmp_path / "cache" / (built.name + ".sha256")).unlink()  # no digest (a cache from before): built again
+    assert cached_build(cc, "k", src, args, tmp_path / "cache", 60) == (0, built) and intact(built)
+
+
+def test_a_compiler_that_writes_nothing_has_built_nothing(tmp_path):
+    from pantheon_ocr.engine.backends.compiled import Compiler, cached_build
+
+    src = tmp_path / "k.c"
+    src.write_text("int k(void) { return 7; }\n")
+    said = cached_build(Compiler("true", "/bin/true", ""), "k", src, [["-shared", str(src)]], tmp_path / "cache", 60)
+    assert said == "true could not build k.c: /bin/true said it built the library but wrote nothing"
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
 def test_the_kernel_runs_on_torchs_openmp_threads(tmp_path):
@@ -263,7 +295,8 @@ def test_a_compiler_without_openmp_builds_with_threads_of_its_own(tmp_path):
     cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
     built = native.build(tmp_path / "cache", cc=str(cc))
     assert built.kernel is not None and "no OpenMP" in built.why, built.why
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [built.kernel.path.name]
+    name = built.kernel.path.name
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [name, name + ".sha256"]
     again = native.build(tmp_path / "cache", cc=str(cc))  # the next start takes that build as it is
     assert again.kernel.path == built.kernel.path and asked.read_text() == "x\n"
     rng = np.random.default_rng(3)

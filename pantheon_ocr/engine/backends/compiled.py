@@ -60,20 +60,42 @@ def cached_build(compiler: Compiler, stem: str, source: Path, candidates: Sequen
                              .encode()).hexdigest()[:16]
         paths.append(cache_dir / f"{stem}-{key}.so")
     found = next((i for i, path in enumerate(paths) if path.exists()), None)
-    if found is not None:
+    if found is not None and intact(paths[found]):
         return found, paths[found]
+    # none, or one cut short or changed (loading it could kill the process): built again, from
+    # the arguments that built it before
     failed = "no arguments to build with"
     for i, (args, path) in enumerate(zip(candidates, paths)):
+        if i < (found or 0):
+            continue
         failed = compile_library(compiler.exe, list(args), path, timeout)
         if failed is None:
             return i, path
     return f"{compiler.name} could not build {source.name}: {failed}"
 
 
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()  # a library: a few MB at most
+
+
+def intact(path: Path) -> bool:
+    """Whether a cached library is the file its build wrote: its bytes hash to the digest written
+    beside it. A library cut short (a full disk, a copy interrupted) or changed makes the process
+    die of SIGBUS when loaded, before any error can be said, so it is never loaded: built again."""
+    try:
+        return _digest_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
 def compile_library(exe: str, args: list[str], path: Path, timeout: float) -> str | None:
     """Build a library with compiler exe and args (flags and sources) into path (a temporary name,
-    then renamed); None, or what went wrong."""
-    tmp = None
+    then renamed, its digest beside it first); None, or what went wrong."""
+    tmp = tmp_digest = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
@@ -81,11 +103,19 @@ def compile_library(exe: str, args: list[str], path: Path, timeout: float) -> st
         done = subprocess.run([exe, *args, "-o", tmp], capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             return (done.stderr.strip().splitlines() or ["no message"])[-1]
+        if os.path.getsize(tmp) == 0:
+            return f"{exe} said it built the library but wrote nothing"
+        fd, tmp_digest = tempfile.mkstemp(suffix=".sha256", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(_digest(Path(tmp)) + "\n")
+        os.replace(tmp_digest, _digest_path(path))  # the digest first: a library there always has one
+        tmp_digest = None
         os.replace(tmp, path)  # whole or absent: another process may be loading it
         tmp = None
         return None
     except (OSError, subprocess.SubprocessError) as exc:
         return f"building in {path.parent} failed: {exc}"
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        for left in (tmp, tmp_digest):
+            if left is not None and os.path.exists(left):
+                os.unlink(left)

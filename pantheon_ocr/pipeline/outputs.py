@@ -284,6 +284,8 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
         tree.folder(crops, create=False)  # the stale crops' folder: a link there fails the document now
         _write_all(tree, files, last_marks_complete=True)
         remove_stale(tree.folder(crops, create=False), [path for path, _ in files[:n_crops]])
+    if page_files:  # a page file of an earlier version or selection is not part of this set
+        remove_old_page_files(paths, {r.page for r in results}, results[0].doc if results else None)
     return [path for path, _ in files[n_crops:]]
 
 

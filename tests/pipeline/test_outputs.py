@@ -197,3 +197,15 @@ def test_a_kill_between_the_renames_of_a_rewrite_leaves_no_primary(tmp_path, mon
     monkeypatch.setattr(outputs.os, "replace", real)
     write_document(paths, [result(d, 1, "new")], ("md", "jsonl"))
     assert paths.exist(("md", "jsonl")) and "new" in paths.file("md").read_text()
+
+
+def test_page_files_of_an_earlier_version_go_with_the_new_set(tmp_path):
+    """3 pages written with --page-files, then the file becomes 1 page (or --pages 1): pages 2 and 3
+    of the old version must not stay beside the new set, a glob over page-*.md mixing the two."""
+    d = doc(tmp_path, "r.pdf")
+    paths = plan_output_paths([d], tmp_path / "out")[d.doc_id]
+    write_document(paths, [result(d, p, f"old {p}") for p in (1, 2, 3)], ("md",), page_files=True)
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["page-0001.md", "page-0002.md", "page-0003.md"]
+    write_document(paths, [result(d, 1, "new 1")], ("md",), page_files=True)
+    assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["page-0001.md"]
+    assert "new 1" in (tmp_path / "out" / "r" / "page-0001.md").read_text()

@@ -117,6 +117,12 @@ def _main(args: list[str], verbose: bool) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
+    except MemoryError:  # its message is empty: say what it is and what to try
+        if verbose:
+            traceback.print_exc()
+        click.echo("error: out of memory (a limit such as ulimit -v, or too much at once: try a smaller "
+                   "--batch-size or fewer --render-workers)", err=True)
+        return 1
     except Exception as exc:  # a bug: say so in one line unless -v
         exc = exc.args[0] if isinstance(exc, _Unexpected) else exc
         if verbose:

@@ -245,6 +245,9 @@ class RenderPool:
                     w.process.join(1.0)  # died while sending
                     self._replace(i, done, WorkerError(f"the render worker crashed ({_describe_exit(w.process.exitcode)})", True))
                     continue
+                except MemoryError:  # this page's image does not fit now; the message is half read: a new worker
+                    self._replace(i, done, WorkerError("not enough memory to take the rendered page in", True))
+                    continue
                 if status == "ready":
                     w.ready = True
                     self._start_failures = 0

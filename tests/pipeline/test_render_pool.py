@@ -137,3 +137,24 @@ def test_workers_start_as_tasks_wait_for_them():
         assert len(pool._workers) == 2
         assert [o.error for o in pool.imap(pid_after, [(0.3,)] * 16)] == [None] * 16
         assert len(pool._workers) == 8  # the rest waited for them
+
+
+def test_a_page_too_big_for_memory_now_fails_alone(monkeypatch):
+    """MemoryError while a rendered page comes back (a low ulimit -v, a huge page) ended the whole
+    batch as an internal error with an empty message; it is that page's failure, the rest goes on."""
+    import multiprocessing.connection
+
+    real, raised = multiprocessing.connection.Connection.recv, []
+
+    def recv(self):
+        message = real(self)
+        if message[0] == "ok" and not raised:
+            raised.append(message)
+            raise MemoryError
+        return message
+
+    monkeypatch.setattr(multiprocessing.connection.Connection, "recv", recv)
+    with RenderPool(workers=1) as pool:
+        out = list(pool.imap(square, [(2,), (3,), (4,)]))
+    assert isinstance(out[0].error, WorkerError) and out[0].error.problem == "not enough memory to take the rendered page in"
+    assert [o.value for o in out[1:]] == [9, 16]

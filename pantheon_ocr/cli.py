@@ -83,11 +83,11 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: typed errors become one clear line and their exit code."""
-    from .commands.pipes import guarded_stderr
+    from .commands.pipes import guarded_stderr, guarded_stdout
 
     args = sys.argv[1:] if argv is None else argv
     verbose = "-v" in args or "--verbose" in args
-    with guarded_stderr():  # a log reader gone stops nothing
+    with guarded_stderr(), guarded_stdout():  # a log reader gone stops nothing; a full disk is named
         return _main(args, verbose)
 
 

@@ -301,3 +301,11 @@ def test_formats_take_commas_like_the_other_lists(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text-1page.jsonl", "text-1page.md", "text-1page.txt"]
     code, _, err = transcribe(DOCS / "text-1page.pdf", "--format", "md,docx", out=tmp_path / "x")
     assert code == 2 and "'docx' is not one of 'md', 'jsonl', 'txt'" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["--help"], ["inspect", MODEL / "mmproj.gguf"]])
+def test_standard_output_on_a_full_disk_is_exit_73_naming_it(args):
+    with open("/dev/full", "w") as full:
+        code, err = run_into(args, stdout=full)
+    assert code == 73 and err == b"error: standard output: cannot write: No space left on device\n"

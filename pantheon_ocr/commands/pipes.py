@@ -6,6 +6,8 @@
   would exit 1, which reads as "pages failed".
 - Standard error's reader gone: only diagnostics are lost, so they are dropped from then on and
   the command goes on to its own end and exit code (a night's job is not stopped by its log).
+- Standard output that cannot be written (a full disk under `> file`, /dev/full): a WriteError
+  naming it (exit 73), as for any output, not an internal error.
 """
 
 from __future__ import annotations
@@ -80,3 +82,35 @@ class QuietWhenGone:
 def guarded_stderr():
     """A context in which sys.stderr is QuietWhenGone over the one before (contextlib's redirect)."""
     return contextlib.redirect_stderr(QuietWhenGone(sys.stderr))
+
+
+class SaysWhenFull(QuietWhenGone):
+    """sys.stdout for the command line: a write that fails for any reason but a gone reader (a
+    broken pipe, see ReaderGone) is a WriteError naming standard output."""
+
+    def write(self, text):
+        if isinstance(text, str) and not text:  # click's probe of the stream: nothing to write, nothing to fail
+            return 0
+        return self._guard(lambda: self.stream.write(text))
+
+    def flush(self) -> None:
+        self._guard(self.stream.flush)
+
+    def _guard(self, step):
+        from ..errors import WriteError
+
+        try:
+            return step()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            try:  # what is still buffered would fail again at exit, with Python's own words
+                to_devnull(self.stream.fileno())
+            except (OSError, ValueError):
+                pass
+            raise WriteError(f"standard output: cannot write: {e.strerror or e}") from None
+
+
+def guarded_stdout():
+    """A context in which sys.stdout is SaysWhenFull over the one before."""
+    return contextlib.redirect_stdout(SaysWhenFull(sys.stdout))

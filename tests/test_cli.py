@@ -309,3 +309,15 @@ def test_standard_output_on_a_full_disk_is_exit_73_naming_it(args):
     with open("/dev/full", "w") as full:
         code, err = run_into(args, stdout=full)
     assert code == 73 and err == b"error: standard output: cannot write: No space left on device\n"
+
+
+def test_stdout_refuses_page_files_and_keeps_documents_apart_in_txt(tmp_path):
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--page-files")
+    assert code == 2 and "error: --page-files writes a file per page: give an output folder (-o), not -" in err
+    code, out, err = run("transcribe", DOCS / "text-1page.pdf", DOCS / "scanned.pdf", "--model", MODEL, "-o", "-",
+                         "--format", "txt", "--max-tokens", 3, "--no-progress")
+    assert code == 0, err
+    one = (tmp_path / "one").mkdir() or run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o",
+                                            tmp_path / "one", "--format", "txt", "--max-tokens", 3, "--no-progress")
+    first = (tmp_path / "one" / "text-1page.txt").read_text()
+    assert out.startswith(first if first.endswith("\n") else first + "\n")  # the next document starts on a line of its own

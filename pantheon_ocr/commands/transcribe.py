@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ExitCode
+from ..errors import ExitCode, UsageError
 from ..options import EngineOptions, PipelineOptions, SamplingOptions
 from .options import table_options
 
@@ -46,6 +46,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         text_layer = "fallback" if text_fallback else "ocr"
     to_stdout = output == "-"
     scratch = None
+    if to_stdout and page_files:  # they would be written to the scratch folder and lost with it
+        raise UsageError("--page-files writes a file per page: give an output folder (-o), not -")
     if to_stdout:  # the same atomic outputs, in a scratch folder, then printed in input order
         import tempfile
 
@@ -77,7 +79,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
             # (`<!-- pantheon-ocr: {"source": ...} -->`), so that a reader of the stream can tell them apart
             if text.startswith(HEADER_PREFIX) and len(printed) == 1:
                 text = text.split("\n\n", 1)[-1]
-            click.echo(text, nl=False)
+            # a document's last line never runs into the next one's first (txt ends without a newline)
+            click.echo(text if text.endswith("\n") or out is printed[-1] else text + "\n", nl=False)
         scratch.cleanup()
     echo_summary(summary, to_stdout)
     click.get_current_context().exit(int(summary.exit_code))

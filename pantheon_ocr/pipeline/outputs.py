@@ -182,6 +182,17 @@ _MARKER_LIKE = re.compile(r"^(\\*<!-- page )", re.MULTILINE)
 _ESCAPED_MARKER = re.compile(r"^\\(\\*<!-- page )", re.MULTILINE)
 
 
+# C0 and C1 control characters but tab and newline (and DEL): a text layer or a model may hold
+# them; in a file for people or in a terminal (`-o -`) they move the cursor, ring, or recolour.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """A page's text as the Markdown and text files hold it: line ends as \\n, no control
+    characters (a form feed would also read as a page break in the text file)."""
+    return _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
 def escape_markers(text: str) -> str:
     """A page's text as the Markdown holds it: lines that read like page markers escaped."""
     return _MARKER_LIKE.sub(r"\\\1", text)
@@ -214,7 +225,7 @@ def _has_text(result: PageResult) -> bool:
 
 
 def _page_block(result: PageResult, figures_prefix: str = "") -> str:
-    text = escape_markers(linked_text(result, figures_prefix).strip("\n")) if _has_text(result) else ""
+    text = escape_markers(printable(linked_text(result, figures_prefix)).strip("\n")) if _has_text(result) else ""
     return page_marker(result) + "\n\n" + (text + "\n\n" if text else "")
 
 
@@ -227,7 +238,7 @@ def render_txt(results: Sequence[PageResult], source: Source | None = None) -> s
     """Plain text, pages separated by form feeds (the pdftotext convention); `source` unused."""
     pages = []
     for r in sorted(results, key=lambda r: r.page):
-        pages.append(r.text.strip("\n") + "\n" if _has_text(r) else f"[page {r.page} failed: {r.error}]\n")
+        pages.append(printable(r.text).strip("\n") + "\n" if _has_text(r) else f"[page {r.page} failed: {printable(r.error or '')}]\n")
     return "\f".join(pages)
 
 

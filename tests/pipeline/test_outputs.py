@@ -209,3 +209,16 @@ def test_page_files_of_an_earlier_version_go_with_the_new_set(tmp_path):
     write_document(paths, [result(d, 1, "new 1")], ("md",), page_files=True)
     assert sorted(p.name for p in (tmp_path / "out" / "r").iterdir()) == ["page-0001.md"]
     assert "new 1" in (tmp_path / "out" / "r" / "page-0001.md").read_text()
+
+
+def test_control_characters_never_reach_the_markdown_or_the_text_file(tmp_path):
+    """A text layer (or a model) may hold ESC, BEL, NUL, form feeds: in a file for people, and in a
+    terminal with -o -, they recolour, ring or move the cursor. Tab and newline stay; JSONL keeps
+    the text as it came (JSON escapes it)."""
+    d = doc(tmp_path, "r.pdf")
+    raw = "red \x1b[31mtext\x1b[0m\x07 and\ttab\r\nline two\x00\x0cthree\x85"
+    md, txt = render_markdown([result(d, 1, raw)]), render_txt([result(d, 1, raw), result(d, 2, "next")])
+    assert "red [31mtext[0m and\ttab\nline twothree" in md
+    assert not any(c in md + txt.replace("\f", "") for c in "\x1b\x07\x00\r\x85")
+    assert txt.count("\f") == 1  # the page break, and no other
+    assert json.loads(render_jsonl([result(d, 1, raw)]).split("\n")[0])["text"] == raw

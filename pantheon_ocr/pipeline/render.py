@@ -69,14 +69,24 @@ def render_page(
 def text_layer(doc: Document, page_index: int, password: str | None = None) -> str:
     """The PDF page's own text layer (what a text-selecting PDF viewer would copy): the fallback
     for a page whose OCR failed. "" for images and pages without text. Raises InputError."""
-    if doc.kind != "pdf":
-        return ""
-    import pypdfium2 as pdfium
+    return text_layer_and_cover(doc, page_index, password, cover=False)[0]
 
+
+def text_layer_and_cover(doc: Document, page_index: int, password: str | None = None,
+                         cover: bool = True) -> tuple[str, float, float]:
+    """(text layer, share of the page its images cover, share its text objects cover): a page
+    that is a scan with a line of real text on it (a download stamp, a page number) has a text
+    layer that is no transcript of it. Shares are of the page's area, each capped at 1."""
+    if doc.kind != "pdf":
+        return "", 0.0, 0.0
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    images = texts = 0.0
     with _PDFIUM_LOCK:
         pdf = _cached_pdf(doc, password)
         if not 0 <= page_index < len(pdf):
-            return ""
+            return "", 0.0, 0.0
         try:
             page = pdf[page_index]
             try:
@@ -85,11 +95,22 @@ def text_layer(doc: Document, page_index: int, password: str | None = None) -> s
                     text = textpage.get_text_bounded()
                 finally:
                     textpage.close()
+                if cover:
+                    width, height = page.get_size()
+                    area = max(width * height, 1e-9)
+                    for obj in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE, pdfium_c.FPDF_PAGEOBJ_TEXT]):
+                        left, bottom, right, top = obj.get_bounds()
+                        share = max(0.0, right - left) * max(0.0, top - bottom) / area
+                        if obj.type == pdfium_c.FPDF_PAGEOBJ_IMAGE:
+                            images += share
+                        else:
+                            texts += share
             finally:
                 page.close()
         except pdfium.PdfiumError as e:
             raise InputError(doc.path, f"PDFium cannot read the page's text layer ({e})", page=page_index + 1) from None
-    return "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
+    text = "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
+    return text, min(images, 1.0), min(texts, 1.0)
 
 
 def clear_pdf_cache() -> None:

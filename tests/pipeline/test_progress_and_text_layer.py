@@ -17,7 +17,7 @@ from fake_engine import FakeEngine, expected_text, make_samples_module, marked_p
 from pantheon_ocr.commands.common import summary_lines
 from pantheon_ocr.commands.progress import DocumentLines, LiveLine
 from pantheon_ocr.engine.cancel import check as check_cancelled
-from pantheon_ocr.pipeline.fallback import text_layer_problem
+from pantheon_ocr.pipeline.fallback import stamp_on_a_scan, text_layer_problem
 from pantheon_ocr.pipeline.inputs import expand_inputs
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.pipeline.types import PageFailure, PipelineOptions
@@ -127,6 +127,25 @@ def test_text_layer_prefer_keeps_real_text_and_reads_the_rest(tmp_path):
     engine = FakeEngine()
     run_pipeline(expand_inputs([str(a)]), engine, opts(tmp_path, text_layer="ocr", overwrite=True))
     assert len(engine.prefills) == 3 and "northern region" not in md_body(tmp_path / "out" / "a.md")
+
+
+def test_prefer_reads_a_scan_whose_only_text_is_a_stamp(tmp_path):
+    """A scan with one line of real text put on it (a download stamp): that line is no transcript
+    of the page, whose body is in the image; prefer reads the page. Pages of text keep theirs."""
+    ms = make_samples_module()
+    stamped = ms.Canvas()
+    stamped.image("Scan", 0, 0, *ms.PAGE_LETTER)
+    stamped.text(72, 20, "Downloaded from the county archive portal on 12 May 2024 by user 88812.", size=8)
+    path = tmp_path / "in" / "stamped.pdf"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(ms.build_pdf([stamped], images={"Scan": (744, 963, ms.scanned_jpeg())}))
+    text = text_and_scan_pdf(tmp_path / "in" / "text.pdf")
+    engine = FakeEngine()
+    run_pipeline(expand_inputs([str(path), str(text)]), engine, opts(tmp_path, text_layer="prefer"))
+    assert len(engine.prefills) == 2 and (1, 2) in engine.prefills  # the stamped scan, and text.pdf's page 2
+    stamped_md = md_body(tmp_path / "out" / "stamped.md")
+    assert stamped_md.startswith("<!-- page 1 -->\n") and "Downloaded from" not in stamped_md  # read, not the stamp
+    assert stamp_on_a_scan(1.0, 0.004) and not stamp_on_a_scan(1.0, 0.029) and not stamp_on_a_scan(0.86, 0.075)
 
 
 def test_text_layer_quality():

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from ..engine.models.reader import ReadingHints
+from ..errors import OptionError
 from ..options import SEGMENT_MODES, SamplingOptions
 from .segment import Region, block_image, blocks, line_images, segment
 from .types import PageEngine, Seq
@@ -79,6 +80,9 @@ def for_options(engine: PageEngine, segment: str | None) -> PageEngine:
     """The engine the stages run: wrapped to read regions when the options or, by default, the
     model's GGUF ask for blocks or lines."""
     mode = segment or engine.hints.segment
+    if mode == "page" and engine.hints.reads_lines:  # said before any page, not as every page's failure
+        raise OptionError("segment", f"this model reads lines of text {engine.hints.line_height} px high (its GGUF "
+                                     "says so), not whole pages: use lines or blocks", mode)
     return engine if mode == "page" else SegmentedEngine(engine, mode)
 
 

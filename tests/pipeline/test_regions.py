@@ -11,6 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from pantheon_ocr.engine.models.reader import ReadingHints
 from pantheon_ocr.engine.sampling import SamplingOptions
+from pantheon_ocr.errors import OptionError
 from pantheon_ocr.pipeline.inputs import make_document
 from pantheon_ocr.pipeline.regions import SegmentedEngine, for_options, join_regions
 from pantheon_ocr.pipeline.run import run_pipeline
@@ -116,9 +117,12 @@ def test_blocks_mode_reads_one_region_per_paragraph():
 def test_model_default_and_override():
     stub = StubEngine()
     assert isinstance(for_options(stub, None), SegmentedEngine)
-    assert for_options(stub, "page") is stub
-    stub.hints = replace(stub.hints, segment="page")
-    assert for_options(stub, None) is stub
+    # a reader of 28-px lines given whole pages failed each page after its vision, context exceeded
+    with pytest.raises(OptionError, match="this model reads lines of text 28 px high") as e:
+        for_options(stub, "page")
+    assert e.value.option == "segment" and e.value.value == "page"
+    stub.hints = replace(stub.hints, segment="page", line_height=0)  # a page model
+    assert for_options(stub, None) is stub and for_options(stub, "page") is stub
     with pytest.raises(ValueError):
         SegmentedEngine(stub, "words")
 

@@ -321,3 +321,16 @@ def test_stdout_refuses_page_files_and_keeps_documents_apart_in_txt(tmp_path):
                                             tmp_path / "one", "--format", "txt", "--max-tokens", 3, "--no-progress")
     first = (tmp_path / "one" / "text-1page.txt").read_text()
     assert out.startswith(first if first.endswith("\n") else first + "\n")  # the next document starts on a line of its own
+
+
+def test_what_auto_chose_is_one_line_without_v(capsys):
+    """Every choice of the plan is in the one 'engine:' line, its reasons under -v; none is a note
+    of its own (the prompt attention and prompt rows once were, on every torch run)."""
+    from pantheon_ocr.commands.common import echo_notes
+    from pantheon_ocr.engine.loader import PLAN_NOTES
+
+    notes = [f"{p} chosen (because)" for p in PLAN_NOTES] + ["a tiny test model"]
+    echo_notes(notes)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["engine: " + ", ".join(f"{p} chosen" for p in PLAN_NOTES) + " (-v says why)", "note: a tiny test model"]
+    assert {"prompt attention:", "prompt rows:"} <= set(PLAN_NOTES)

@@ -8,7 +8,7 @@ benchmarks, scripts and Ray workers.
 Nothing here prints: what a person should know about the engine (a tiny test model, what `auto`
 chose for the weights and the vision backend, and why) comes back as `notes`, one sentence each,
 for the caller to show; the choices start with "weights:", "vision backend:", "KV cache:",
-"decode attention:" and "products:" (PLAN_NOTES).
+"decode attention:", "products:", "prompt attention:" and "prompt rows:" (PLAN_NOTES).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loa
     from .format.weights import Storage
 
 # notes that say what auto chose (the CLI shows why under -v)
-PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:", "products:")
+PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:", "products:", "prompt attention:",
+              "prompt rows:")
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 # Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
 # numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).

@@ -47,11 +47,14 @@ class LiveLine:
             return
         self.last = now
         rate = p.tokens / p.elapsed if p.elapsed > 0 else 0.0
-        line = (f"pages {p.pages_done}/{p.pages_total} [render {p.rendered} · vision {p.encoded} · "
-                f"prefill {p.prefilled} · decoding {p.decoding}] {p.tokens:,} tok {rate:.0f} tok/s"
-                + (f" · {p.pages_failed} failed" if p.pages_failed else "") + f" · {_clock(p.elapsed)}")
+        # what matters first (pages, failures, speed, time), then where the pages are: on a narrow
+        # terminal the stages go, not the clock
+        head = (f"pages {p.pages_done}/{p.pages_total}" + (f" · {p.pages_failed} failed" if p.pages_failed else "")
+                + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}")
+        stages = (f" [render {p.rendered} · vision {p.encoded} · prefill {p.prefilled} · "
+                  f"decoding {p.decoding}]")
         width = shutil.get_terminal_size((100, 20)).columns - 1
-        line = line[:width]
+        line = (head + stages if len(head) + len(stages) <= width else head)[:width]
         self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
         self.width = len(line)
         if done:

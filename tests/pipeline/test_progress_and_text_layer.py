@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fake_engine import FakeEngine, expected_text, make_samples_module, marked_pdf, md_body
 from pantheon_ocr.commands.common import summary_lines
@@ -68,6 +69,21 @@ def test_live_line_on_a_terminal_and_a_line_per_document_elsewhere(tmp_path):
     got = log.getvalue().splitlines()  # in the order they finish (b, one page, may come first)
     assert [g[:6] for g in got] == ["[1/2] ", "[2/2] "] and sorted(g[6:] for g in got) == [
         f"written {tmp_path / 'in' / 'a.pdf'} (2 pages, 0:00)", f"written {tmp_path / 'in' / 'b.pdf'} (1 page, 0:00)"]
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_live_line_keeps_failures_speed_and_clock_on_a_narrow_terminal(monkeypatch, columns):
+    """At 80 columns the line was cut before its clock and in the middle of '2 failed'."""
+    import os as _os
+
+    from pantheon_ocr.pipeline.types import Progress
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: _os.terminal_size((columns, 24)))
+    tty = io.StringIO()
+    LiveLine(tty)(Progress(1234, 5678, 2, 1_234_567, 12, 40, 3725.0, 1240, 1238, 1236, 8))
+    line = tty.getvalue().strip("\r\n")
+    assert line.startswith("pages 1234/5678 · 2 failed · 1,234,567 tok 331 tok/s · 1:02:05") and len(line) < columns
+    assert ("[render 1240 · vision 1238 · prefill 1236 · decoding 8]" in line) == (columns == 200)
 
 
 def test_counts_keep_documents_and_pages_apart(tmp_path):

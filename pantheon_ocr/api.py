@@ -143,10 +143,12 @@ class Reader:
         options = self.options(out_dir, **overrides)
         self._engine()
         sources = _sources(inputs)
-        images = [type(s).__name__ for s in sources if not isinstance(s, (str, bytes, os.PathLike))]
+        images = [f"a {type(s).__name__}" if not isinstance(s, bytes) else "the bytes of a file"
+                  for s in sources if not isinstance(s, (str, bytes, os.PathLike)) or (isinstance(s, bytes) and (
+                      b"\0" in s or s[:5] == b"%PDF-" or len(s) >= 4096))]
         if images:
-            raise UsageError(f"transcribe writes files named after its inputs, so it takes paths (got a {images[0]}); "
-                             "read() and read_many() take images")
+            raise UsageError(f"transcribe writes files named after its inputs, so it takes paths (got {images[0]}); "
+                             "read() and read_many() take images and the bytes of files")
         check_output_folder(options.out_dir)  # before any page is read: a run that cannot keep its outputs stops now
         problems: list = []
         documents = expand_inputs([os.fsdecode(i) for i in sources], problems)

@@ -56,24 +56,28 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+VERBOSE = ("-v", "--verbose")
+VERBOSE_HELP = "Show tracebacks and debug detail (before or after the command)."
+
+
 def _verbose(ctx: click.Context, param, value: bool) -> None:
     if value:
-        ctx.find_root().obj["verbose"] = True
+        ctx.find_root().ensure_object(dict)["verbose"] = True
 
 
 def _with_verbose(command: click.Command) -> click.Command:
     """-v after the command too (`transcribe docs -v`, as the notes' "-v says why" invites): the
     same switch as before it, on every command and subcommand."""
     if not any(p.name == "verbose" for p in command.params):
-        command.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_verbose,
-                                           help="Show tracebacks and debug detail (as before the command)."))
+        command.params.append(click.Option(list(VERBOSE), is_flag=True, expose_value=False, callback=_verbose,
+                                           help=VERBOSE_HELP))
     for sub in command.commands.values() if isinstance(command, click.Group) else ():
         _with_verbose(sub)
     return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks and debug detail.")
+@click.option(*VERBOSE, is_flag=True, help=VERBOSE_HELP)
 @click.version_option(package_name="pantheon-ocr")
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool) -> None:
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from .commands.pipes import guarded_stderr, guarded_stdout
 
     args = sys.argv[1:] if argv is None else argv
-    verbose = "-v" in args or "--verbose" in args
+    verbose = any(a in VERBOSE for a in args)
     with guarded_stderr(), guarded_stdout():  # a log reader gone stops nothing; a full disk is named
         return _main(args, verbose)
 

@@ -123,6 +123,8 @@ def test_runs_are_checked_like_the_reader(reader, tmp_path):
         reader.transcribe([DOCS / "text-1page.pdf"], tmp_path / "out", bogus=1)
     with pytest.raises(pantheon_ocr.api.UsageError, match=r"takes paths \(got a ndarray\); read\(\) and read_many"):
         reader.transcribe([np.full((60, 200, 3), 255, np.uint8)], tmp_path / "out")
+    with pytest.raises(pantheon_ocr.api.UsageError, match=r"takes paths \(got the bytes of a file\)"):
+        reader.transcribe([(DOCS / "text-1page.pdf").read_bytes()], tmp_path / "out")
     with pytest.raises(pantheon_ocr.api.UsageError, match=r"max_tokens: must be an integer >= 1 \(got '8'\)"):
         pantheon_ocr.Reader(MODEL, max_tokens="8")
     assert not (tmp_path / "out").exists()  # refused before the folder was made

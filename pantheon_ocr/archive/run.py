@@ -32,7 +32,7 @@ from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source, plan_output_paths
 from ..pipeline.files import changed_since, file_stamp
-from ..pipeline.outputs import check_output_folder, remove_old_page_files, write_document
+from ..pipeline.outputs import check_output_folder, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
 from .lock import Heartbeat, acquire
@@ -361,9 +361,9 @@ class _JobRun:
         else:
             try:
                 results = self.figures.apply(results, paths.base)
-                write_document(paths, results, formats, self.options.page_files, Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
-                if self.options.page_files:
-                    remove_old_page_files(paths, {r.page for r in results}, doc)
+                # (with page files, write_document also removes those of pages the set no longer has)
+                write_document(paths, results, formats, self.options.page_files,
+                               Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
                 status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run

@@ -4,8 +4,9 @@
 - Standard output's reader gone: what was asked for is no longer read, so the command ends
   quietly with 141 (128 + SIGPIPE, what the shell shows for Unix tools ended by it); click alone
   would exit 1, which reads as "pages failed".
-- Standard error's reader gone: only diagnostics are lost, so they are dropped from then on and
-  the command goes on to its own end and exit code (a night's job is not stopped by its log).
+- Standard error's reader gone, or its file on a full disk: only diagnostics are lost, so they
+  are dropped from then on and the command goes on to its own end and exit code (a night's job
+  is not stopped by its log).
 - Standard output that cannot be written (a full disk under `> file`, /dev/full): a WriteError
   naming it (exit 73), as for any output, not an internal error.
 """
@@ -57,7 +58,7 @@ class QuietWhenGone:
             return len(text)
         try:
             return self.stream.write(text)
-        except BrokenPipeError:
+        except OSError:  # a reader gone, or a log on a full disk: only diagnostics are lost
             self._went()
             return len(text)
 
@@ -65,7 +66,7 @@ class QuietWhenGone:
         if not self.gone:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
+            except OSError:
                 self._went()
 
     def _went(self) -> None:
@@ -80,8 +81,9 @@ class QuietWhenGone:
 
 
 def guarded_stderr():
-    """A context in which sys.stderr is QuietWhenGone over the one before (contextlib's redirect)."""
-    return contextlib.redirect_stderr(QuietWhenGone(sys.stderr))
+    """A context in which sys.stderr is QuietWhenGone over the one before (contextlib's redirect);
+    nothing where there is none (fd 2 closed: Python's sys.stderr is None, which click skips)."""
+    return contextlib.nullcontext() if sys.stderr is None else contextlib.redirect_stderr(QuietWhenGone(sys.stderr))
 
 
 class SaysWhenFull(QuietWhenGone):
@@ -112,5 +114,5 @@ class SaysWhenFull(QuietWhenGone):
 
 
 def guarded_stdout():
-    """A context in which sys.stdout is SaysWhenFull over the one before."""
-    return contextlib.redirect_stdout(SaysWhenFull(sys.stdout))
+    """A context in which sys.stdout is SaysWhenFull over the one before; nothing where there is none."""
+    return contextlib.nullcontext() if sys.stdout is None else contextlib.redirect_stdout(SaysWhenFull(sys.stdout))

@@ -74,7 +74,7 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
     empty folder or glob is a problem. With `problems` (a list), each bad path is appended once
     and the others go ahead; without it the first one raises InputError."""
     docs: list[Document] = []
-    seen: dict[tuple, int] = {}  # the file -> its place in docs
+    seen: dict[tuple[int, int], list[int]] = {}  # a file (device, inode) -> its documents' places in docs
     named: set[str] = set()
 
     def bad(e: InputError) -> None:
@@ -86,15 +86,14 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
 
     for item in items:
         for path, rel, st in _expand_one(item, bad):
-            # one file however it is spelled or linked to (its real path: a hard link is a name of
-            # its own, read as its own document); os.path.realpath, unlike Path.resolve, never
-            # raises on a link loop
-            key = (st.st_dev, st.st_ino, os.path.realpath(path))
-            if key in seen:
+            # one file however it is spelled or linked to; a hard link (another name in the file
+            # system for the same bytes) is a document of its own, as the user named it
+            key = (st.st_dev, st.st_ino)
+            i = next((i for i in seen.get(key, ()) if _same_name(path, docs[i].path)), None)
+            if i is not None:
                 # reached twice: the file's own name over a symbolic link's (`ok.pdf` beside
                 # `link-to-ok.pdf`), then the outer of two inputs (`docs docs/sub`), whatever order
                 # they came in
-                i = seen[key]
                 if _preference(path, rel) > _preference(docs[i].path, docs[i].rel):
                     try:
                         docs[i] = make_document(path, rel)
@@ -106,9 +105,25 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
             except InputError as e:
                 bad(e)
                 continue
-            seen[key] = len(docs)
+            seen.setdefault(key, []).append(len(docs))
             docs.append(doc)
     return docs
+
+
+def _same_name(a: Path, b: Path) -> bool:
+    """Whether two paths of one file (same device and inode) are one name of it, not two hard
+    links: the same real path, or the same name (up to case: a case-insensitive disk) in the same
+    folder (up to a bind mount or another spelling of it). os.path.realpath never raises on a
+    link loop, unlike Path.resolve."""
+    real_a, real_b = os.path.realpath(a), os.path.realpath(b)
+    if real_a == real_b:
+        return True
+    try:
+        pa, pb = os.stat(os.path.dirname(real_a)), os.stat(os.path.dirname(real_b))
+    except OSError:
+        return False
+    return (pa.st_dev, pa.st_ino) == (pb.st_dev, pb.st_ino) and \
+        os.path.basename(real_a).casefold() == os.path.basename(real_b).casefold()
 
 
 def _preference(path: Path, rel: PurePath) -> tuple[bool, int]:
@@ -120,6 +135,9 @@ def _stat(item: str | os.PathLike, bad) -> os.stat_result | None:
     permission denied)."""
     try:
         return os.stat(item)
+    except ValueError:  # a NUL in the name (a path made in code): no file can have it
+        bad(InputError(item, "not a path: it holds a NUL character"))
+        return None
     except OSError as e:
         if e.errno == errno.ELOOP:
             problem = "symbolic link loop"

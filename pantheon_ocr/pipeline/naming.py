@@ -245,16 +245,27 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
     updated here) or when its existing output records another source. Call in the order of
     plan_output_paths' priority (absolute paths sorted as bytes) so that names stay stable."""
     candidates = planned.candidates or (planned.base,)
-    # names before the planned base are another document's by priority (a shared name): taken
-    # only where the outputs there are this document's already, so that they are not made again
+    found = {}  # candidate -> the Source its outputs record (None: none there, or they record none)
+    for base in candidates:
+        paths = OutputPaths(base, root=planned.root)
+        found[base] = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
+    # A name whose outputs are this document's already keeps them, whichever candidate it is: not
+    # made again elsewhere, no copy left behind (its shared name freed, say, it stays suffixed).
+    for base in candidates:
+        recorded = found[base]
+        if str(base).casefold() not in claimed and recorded is not None and recorded.path == source_path:
+            claimed.add(str(base).casefold())
+            return OutputPaths(base, root=planned.root), recorded
+    # Else the first free name by priority; names before the planned base are another document's
+    # by priority (a shared name), never taken here without this document's outputs.
     ours_only = candidates.index(planned.base) if planned.base in candidates else 0
     for i, base in enumerate(candidates):
         key = str(base).casefold()
         if key in claimed:
             continue
         paths = OutputPaths(base, root=planned.root)
-        recorded = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
-        if i < ours_only and (recorded is None or recorded.path != source_path):
+        recorded = found[base]
+        if i < ours_only:
             continue
         if recorded is not None and recorded.path != source_path and base != candidates[-1]:
             continue  # another document's outputs: keep them, take the next name

@@ -10,8 +10,9 @@ File names are written as `errors.path_text` shows them (undecodable bytes as `\
 A document's outputs are all written or none are: every file is first written to a temp file
 in its folder (fsync), then all are renamed into place, the primary format (the first in
 `formats`) last, so that its presence means the set is complete (an old primary is removed
-before the first rename, so a kill between the renames never leaves it beside new files); if
-anything fails, the temp files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
+before the first rename, so a kill between the renames never leaves it beside new files: for
+the moment of the renames a reader sees no primary, and a set whose renames fail is written
+again by the next run); if anything fails, the temp files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
 output name the file system accepts also has a temp name it accepts.
 
 Nothing is written or deleted outside the output tree: every folder below its root is opened

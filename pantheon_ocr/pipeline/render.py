@@ -302,9 +302,14 @@ def _n_frames(img: Image.Image) -> int:
                     img.seek(n)
                     n += 1
             except EOFError:
-                return max(n, 1)
+                n = max(n, 1)
             except Exception:  # noqa: BLE001 - frame n is the broken one
-                return n + 1
+                n += 1
+            try:  # PIL took the broken frame for the current one: a seek to it would keep the frame before
+                img.seek(0)
+            except Exception:  # noqa: BLE001
+                pass
+            return n
 
 
 def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Image:
@@ -317,6 +322,8 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
         try:
             if n > 1:
                 img.seek(page_index)
+                if img.tell() != page_index:  # never another frame's pixels for this page
+                    raise InputError(doc.path, f"the image data is damaged (frame {page_no} cannot be found)", page=page_no)
             w, h = img.size  # a TIFF frame has its own size: check it again
             if w * h > MAX_IMAGE_PIXELS:
                 raise InputError(doc.path, f"the image is {w}x{h} px, above the safety limit", page=page_no)

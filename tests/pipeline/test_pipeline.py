@@ -229,6 +229,15 @@ def test_a_shared_name_stays_with_the_document_whose_outputs_hold_it(tmp_path):
     again = FakeEngine()
     assert [d.status for d in run_pipeline(expand_inputs([str(b), str(a)]), again, options(tmp_path)).documents] \
         == ["skipped", "skipped"] and again.prefills == []
+    # x.md goes (deleted by hand): a keeps its own outputs where they are, not moved to the free
+    # x.md (read again, its old copy left behind); only b, whose outputs are gone, is read
+    (tmp_path / "out" / "x.md").unlink()
+    third = FakeEngine()
+    summary = run_pipeline(expand_inputs([str(a), str(b)]), third, options(tmp_path))
+    by_path = {str(d.doc.path): d for d in summary.documents}
+    assert by_path[str(a)].status == "skipped" and by_path[str(a)].outputs[0] == a_out
+    assert by_path[str(b)].status == "written" and third.prefills == [(2, 1)]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([a_out.name, by_path[str(b)].outputs[0].name])
 
 
 def test_page_spec_is_clipped_per_document(tmp_path):

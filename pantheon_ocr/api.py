@@ -144,8 +144,7 @@ class Reader:
         self._engine()
         sources = _sources(inputs)
         images = [f"a {type(s).__name__}" if not isinstance(s, bytes) else "the bytes of a file"
-                  for s in sources if not isinstance(s, (str, bytes, os.PathLike)) or (isinstance(s, bytes) and (
-                      b"\0" in s or s[:5] == b"%PDF-" or len(s) >= 4096))]
+                  for s in sources if not (isinstance(s, (str, os.PathLike)) or _path_bytes(s))]
         if images:
             raise UsageError(f"transcribe writes files named after its inputs, so it takes paths (got {images[0]}); "
                              "read() and read_many() take images and the bytes of files")
@@ -266,13 +265,19 @@ def _is_image(source: Any) -> bool:
 _ARRAY_SHAPES = "[H, W] (grey), [H, W, 3] (RGB) or [H, W, 4] (RGBA)"
 
 
+def _path_bytes(source: Any) -> bool:
+    """Bytes that can be a path (as os.fsencode and os.listdir(b".") give them), not a file's bytes:
+    short, no NUL, no PDF header."""
+    return isinstance(source, bytes) and len(source) < 4096 and b"\0" not in source and source[:5] != b"%PDF-"
+
+
 def _as_path(source: Any, scratch: Path, i: int) -> Path:
     """A path for a source: paths as they are; images and image bytes saved as PNG in `scratch`.
     UsageError for what is no image at all (a number, None); InputError, naming the image by its
     place in the list, for an image that cannot be read (undecodable bytes, an odd array)."""
     if isinstance(source, (str, os.PathLike)):
         return Path(source)
-    if isinstance(source, bytes) and len(source) < 4096 and b"\0" not in source and os.path.exists(source):
+    if _path_bytes(source) and os.path.exists(source):
         return Path(os.fsdecode(source))  # a path as bytes (as os.listdir(b".") gives them), not an image's bytes
     from PIL import Image, UnidentifiedImageError
 

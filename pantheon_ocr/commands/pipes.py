@@ -47,6 +47,14 @@ def to_devnull(fd: int) -> None:
         os.close(devnull)
 
 
+def _silence(stream) -> None:
+    """to_devnull for a stream's descriptor, where it has one (a test's capture has none)."""
+    try:
+        to_devnull(stream.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 class QuietWhenGone:
     """sys.stderr for the command line: the stream itself until its reader goes away, then nothing."""
 
@@ -71,10 +79,7 @@ class QuietWhenGone:
 
     def _went(self) -> None:
         self.gone = True
-        try:
-            to_devnull(self.stream.fileno())
-        except (OSError, ValueError):  # not a file descriptor (a test's capture): dropping is enough
-            pass
+        _silence(self.stream)
 
     def __getattr__(self, name):  # encoding, isatty, fileno, buffer: the stream's
         return getattr(self.stream, name)
@@ -106,10 +111,7 @@ class SaysWhenFull(QuietWhenGone):
         except BrokenPipeError:
             raise
         except OSError as e:
-            try:  # what is still buffered would fail again at exit, with Python's own words
-                to_devnull(self.stream.fileno())
-            except (OSError, ValueError):
-                pass
+            _silence(self.stream)  # what is still buffered would fail again at exit, with Python's own words
             raise WriteError(f"standard output: cannot write: {e.strerror or e}") from None
 
 

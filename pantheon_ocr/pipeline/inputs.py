@@ -7,7 +7,6 @@ opens a PDF: counting and rendering pages is `render.py`'s job, in worker proces
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import glob
 import hashlib
@@ -25,11 +24,11 @@ from ..errors import InputError, UsageError
 from .files import open_regular, special_kind
 
 PDF_EXTENSIONS = (".pdf",)
-# what Pillow reads here, found in folders and globs as named files are (GIF and WebP: their
-# first frame; AVIF and JPEG 2000 where this Pillow has their codecs)
+# what this Pillow registers a reader for (PNG, JPEG, TIFF and BMP always), found in folders and
+# globs as named files are (GIF and WebP: their first frame)
 IMAGE_EXTENSIONS = tuple(e for e in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp", ".gif", ".jp2", ".j2k",
                                      ".jpx", ".avif", ".pbm", ".pgm", ".ppm", ".pnm")
-                         if e in (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp") or e in Image.registered_extensions())
+                         if e in Image.registered_extensions())
 
 
 @dataclass(frozen=True)

@@ -256,21 +256,15 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
         if str(base).casefold() not in claimed and recorded is not None and recorded.path == source_path:
             claimed.add(str(base).casefold())
             return OutputPaths(base, root=planned.root), recorded
-    # Else the first free name by priority; names before the planned base are another document's
-    # by priority (a shared name), never taken here without this document's outputs.
+    # Else the first free name by priority (outputs there are another document's now: kept, unless
+    # it is the last name); names before the planned base are another document's by priority (a
+    # shared name), never taken without this document's outputs.
     ours_only = candidates.index(planned.base) if planned.base in candidates else 0
-    for i, base in enumerate(candidates):
+    for base in candidates[ours_only:]:
         key = str(base).casefold()
-        if key in claimed:
-            continue
-        paths = OutputPaths(base, root=planned.root)
-        recorded = found[base]
-        if i < ours_only:
-            continue
-        if recorded is not None and recorded.path != source_path and base != candidates[-1]:
-            continue  # another document's outputs: keep them, take the next name
-        claimed.add(key)
-        return paths, recorded if recorded is not None and recorded.path == source_path else None
+        if key not in claimed and (found[base] is None or base == candidates[-1]):
+            claimed.add(key)
+            return OutputPaths(base, root=planned.root), None
     claimed.add(str(candidates[-1]).casefold())
     return OutputPaths(candidates[-1], root=planned.root), None
 

@@ -12,8 +12,9 @@ in its folder (fsync), then all are renamed into place, the primary format (the 
 `formats`) last, so that its presence means the set is complete (an old primary is removed
 before the first rename, so a kill between the renames never leaves it beside new files: for
 the moment of the renames a reader sees no primary, and a set whose renames fail is written
-again by the next run); if anything fails, the temp files are removed. Temp names are short (`.pantheon-<hash of the name>-<random>.tmp`), so any
-output name the file system accepts also has a temp name it accepts.
+again by the next run); if anything fails, the temp files are removed. Temp names are short
+(`.pantheon-<hash of the name>-<random>.tmp`), so any output name the file system accepts also
+has a temp name it accepts.
 
 Nothing is written or deleted outside the output tree: every folder below its root is opened
 from the root one name at a time without following links (files.OutputTree: O_NOFOLLOW and

@@ -3,6 +3,7 @@ so `pantheon-ocr --help` stays instant (no numpy, no engine)."""
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from importlib import import_module
@@ -97,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: list[str], verbose: bool) -> int:
     from .commands.pipes import ReaderGone, to_devnull
-    from .errors import ExitCode, PantheonError
+    from .errors import ExitCode, PantheonError, open_files_limit
 
+    _more_open_files()
     try:
         code = cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
         return code if isinstance(code, int) else 0
@@ -126,14 +128,43 @@ def _main(args: list[str], verbose: bool) -> int:
             traceback.print_exc()
         click.echo("error: out of memory (a limit such as ulimit -v, or too much at once: try a smaller "
                    "--batch-size or fewer --render-workers)", err=True)
-        return 1
-    except Exception as exc:  # a bug: say so in one line unless -v
-        exc = exc.args[0] if isinstance(exc, _Unexpected) else exc
+        return ExitCode.OUT_OF_RESOURCES
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            return _internal(exc, verbose)
         if verbose:
-            traceback.print_exception(exc)
-        click.echo(f"internal error: {type(exc).__name__}: {exc}" + ("" if verbose else " (-v shows the traceback)"),
-                   err=True)
-        return 1
+            traceback.print_exc()
+        click.echo(f"error: too many open files: {open_files_limit()}", err=True)
+        return ExitCode.OUT_OF_RESOURCES
+    except Exception as exc:  # a bug: say so in one line unless -v
+        return _internal(exc, verbose)
+
+
+def _internal(exc: Exception, verbose: bool) -> int:
+    """A bug: said in one line (-v: the traceback), exit 70 (never 1, which says pages failed)."""
+    from .errors import ExitCode
+
+    exc = exc.args[0] if isinstance(exc, _Unexpected) else exc
+    if verbose:
+        traceback.print_exception(exc)
+    click.echo(f"internal error: {type(exc).__name__}: {exc}" + ("" if verbose else " (-v shows the traceback)"),
+               err=True)
+    return ExitCode.INTERNAL
+
+
+def _more_open_files() -> None:
+    """The soft limit of open files raised to the hard one (at most 65,536), as servers do: the
+    render workers, the output tree's folders and the model's files each hold some, and a soft
+    limit of 1,024 (or less, from a login shell) is a limit no one chose for this run."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, OSError, ValueError):
+        pass  # not on this system, or not allowed: the limit stays as it is
 
 
 def shown(exc) -> str:

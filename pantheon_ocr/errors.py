@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 from enum import IntEnum
 
 
@@ -13,6 +15,8 @@ class ExitCode(IntEnum):
     BAD_MODEL = 3  # bad or unsupported model file
     INPUT_UNREADABLE = 4  # input not found or unreadable
     NETWORK = 69  # `models pull`: the Hub cannot be reached or did not answer usably; try again later (EX_UNAVAILABLE)
+    INTERNAL = 70  # a bug of ours, said in one line (-v: the traceback) (EX_SOFTWARE)
+    OUT_OF_RESOURCES = 71  # out of memory or of open files (a ulimit, or too much at once) (EX_OSERR)
     CANNOT_WRITE = 73  # an output (or the job state) cannot be written: permissions, read-only, disk full (EX_CANTCREAT)
     JOB_LOCKED = 75  # another run holds the job's lock: try again later (sysexits EX_TEMPFAIL)
     INTERRUPTED = 130
@@ -33,12 +37,26 @@ def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bo
     return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
 
 
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (a name that reorders the
+# line it is printed on: "Trojan source"); each shown as an escape, never acted on by a terminal
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def path_text(path: object) -> str:
-    """A file name as text for people, Markdown, JSON, reports: always valid UTF-8. Names are
-    bytes on POSIX and Python keeps undecodable bytes as lone surrogates, which cannot be written
-    as UTF-8; each such byte is shown as `\\xNN` (e.g. b'\\xff.pdf' -> '\\xff.pdf')."""
+    """A file name as text for people, Markdown, JSON, reports: always valid UTF-8, on one line.
+    Names are bytes on POSIX and Python keeps undecodable bytes as lone surrogates, which cannot be
+    written as UTF-8; each such byte is shown as `\\xNN` (e.g. b'\\xff.pdf' -> '\\xff.pdf'). A
+    control character (a newline, an escape sequence, a bidirectional override) is shown escaped
+    too (`\\n`, `\\x1b`, `\\u202e`): a name never breaks a line of a log in two or drives the terminal."""
     raw = os.fsencode(path if isinstance(path, (str, bytes, os.PathLike)) else str(path))
-    return raw.decode("utf-8", "backslashreplace")
+    text = raw.decode("utf-8", "backslashreplace")
+    return _CONTROLS.sub(_escaped, text) if _CONTROLS.search(text) else text
+
+
+def _escaped(m: re.Match) -> str:
+    c = m.group()
+    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
 class PantheonError(Exception):
@@ -131,6 +149,28 @@ class WriteError(PantheonError):
     """An output or the job state cannot be written (permissions, read-only file system, disk full)."""
 
     exit_code = ExitCode.CANNOT_WRITE
+
+
+class ResourceError(PantheonError):
+    """The process ran out of something the system rations: memory, open files, processes."""
+
+    exit_code = ExitCode.OUT_OF_RESOURCES
+
+
+# What running out of open files or processes looks like as an OSError's errno
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
+def open_files_limit() -> str:
+    """`the limit of open files (ulimit -n) is N`, for messages about running out of them."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return "the limit of open files was reached"
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return f"the limit of open files (ulimit -n) is {shown}: raise it"
 
 
 class NetworkError(PantheonError):

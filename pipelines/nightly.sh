@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Nightly archive run for cron or a systemd timer: one job file, a dated log, the exit code
 # passed on (0 ok, 1 some pages or input paths failed, 2 bad job file or damaged job state,
-# 3 bad model, 4 no input readable, 69 the Hub unreachable (models pull only), 73 an output or the job state cannot be written (disk full,
-# read-only, permissions), 75 still running from the night before, 130 stopped, 141 its output's
-# reader gone: not with a log file). A run that
-# finds its job still running is refused and says so; the state resumes whatever a killed run
-# left. A damaged state says what to do: restore it, or run once with --rebuild-state.
+# 3 bad model, 4 no input readable, 69 the Hub unreachable (models pull only), 70 an internal
+# error (a bug), 71 out of memory or open files, 73 an output or the job state cannot be written
+# (disk full, read-only, permissions), 75 still running from the night before, 130 stopped,
+# 141 its output's reader gone: not with a log file). A run that finds its job still running
+# is refused and says so; the state resumes whatever a killed run left. A damaged state says
+# what to do: restore it, or run once with --rebuild-state.
 #
 #   crontab:  15 2 * * *  /opt/pantheon-ocr/pipelines/nightly.sh /data/jobs/scans.toml
 #   Ray:      nightly.sh /data/jobs/scans.toml --ray auto

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fake_engine import md_body
+from pantheon_ocr.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "samples" / "docs"
@@ -280,8 +281,23 @@ def test_a_broken_pipe_that_is_not_our_output_stays_an_error(monkeypatch, capsys
 
     monkeypatch.setattr(cli.LazyGroup, "get_command", lambda self, ctx, name: __import__("click").Command(
         name, callback=broken))
-    assert cli.main(["inspect"]) == 1
+    assert cli.main(["inspect"]) == ExitCode.INTERNAL == 70  # a bug, never "some pages failed" (1)
     assert "internal error: BrokenPipeError" in capsys.readouterr().err
+
+
+def test_out_of_memory_is_its_own_exit_code(monkeypatch, capsys):
+    """A MemoryError outside any page (a model's load under ulimit -v) is one line and exit 71, not
+    the 1 that says 'some pages failed, the others were written'."""
+    from pantheon_ocr import cli
+
+    def too_big(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli.LazyGroup, "get_command", lambda self, ctx, name: __import__("click").Command(
+        name, callback=too_big))
+    assert cli.main(["inspect"]) == ExitCode.OUT_OF_RESOURCES == 71
+    err = capsys.readouterr().err
+    assert err.startswith("error: out of memory") and len(err.splitlines()) == 1
 
 
 def test_v_after_the_command_is_the_same_switch(tmp_path):
@@ -320,7 +336,12 @@ def test_stdout_refuses_page_files_and_keeps_documents_apart_in_txt(tmp_path):
     one = (tmp_path / "one").mkdir() or run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o",
                                             tmp_path / "one", "--format", "txt", "--max-tokens", 3, "--no-progress")
     first = (tmp_path / "one" / "text-1page.txt").read_text()
-    assert out.startswith(first if first.endswith("\n") else first + "\n")  # the next document starts on a line of its own
+    # each document headed as head(1) heads files, the next one on a line of its own after a blank line
+    head_1, head_2 = f"==> {DOCS / 'text-1page.pdf'} <==\n", f"\n\n==> {DOCS / 'scanned.pdf'} <==\n"
+    assert out.startswith(head_1 + (first if first.endswith("\n") else first + "\n") + head_2[1:]), out
+    code, out, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--format", "txt",
+                         "--max-tokens", 3, "--no-progress")
+    assert code == 0 and out == first and "==>" not in out  # one document: its text alone
 
 
 def test_what_auto_chose_is_one_line_without_v(capsys):
@@ -334,3 +355,24 @@ def test_what_auto_chose_is_one_line_without_v(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["engine: " + ", ".join(f"{p} chosen" for p in PLAN_NOTES) + " (-v says why)", "note: a tiny test model"]
     assert {"prompt attention:", "prompt rows:"} <= set(PLAN_NOTES)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_NOFILE as Linux counts it")
+def test_a_low_limit_of_open_files(tmp_path):
+    """ulimit -n 16 (hard): one line naming the limit, exit 71, no traceback from multiprocessing's
+    forkserver; a low soft limit alone is raised to the hard one and the run goes on."""
+    import resource
+
+    def limit(soft, hard):
+        return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    args = [sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(DOCS / "text-1page.pdf"), "--model", str(MODEL),
+            "-o", str(tmp_path / "out"), "--no-progress", "--max-tokens", "2"]
+    hard = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, preexec_fn=limit(16, 16))
+    assert hard.returncode == ExitCode.OUT_OF_RESOURCES, hard.stderr
+    assert hard.stderr.splitlines()[-1] == ("error: cannot start a render worker: too many open files: the limit of "
+                                            "open files (ulimit -n) is 16: raise it")
+    assert "Traceback" not in hard.stderr
+    soft = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          preexec_fn=limit(16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    assert soft.returncode == 0, soft.stderr

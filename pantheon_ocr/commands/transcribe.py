@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ExitCode, UsageError
+from ..errors import ExitCode, UsageError, path_text
 from ..options import EngineOptions, PipelineOptions, SamplingOptions
 from .options import table_options
 
@@ -72,15 +72,18 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
                                     overwrite=not skip_existing)
     if to_stdout:
-        printed = [out for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
-        for out in printed:
+        printed = [(d, out) for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
+        for d, out in printed:
             text = out.read_text(encoding="utf-8")
             # one document: its transcript alone; several: each keeps its first line, the source record
-            # (`<!-- pantheon-ocr: {"source": ...} -->`), so that a reader of the stream can tell them apart
+            # (`<!-- pantheon-ocr: {"source": ...} -->`), so that a reader of the stream can tell them apart;
+            # plain text has none, so each is headed as head(1) heads files: `==> a.pdf <==`
             if text.startswith(HEADER_PREFIX) and len(printed) == 1:
                 text = text.split("\n\n", 1)[-1]
+            elif formats[0] == "txt" and len(printed) > 1:
+                text = ("" if out is printed[0][1] else "\n") + f"==> {path_text(d.doc.path)} <==\n" + text
             # a document's last line never runs into the next one's first (txt ends without a newline)
-            click.echo(text if text.endswith("\n") or out is printed[-1] else text + "\n", nl=False)
+            click.echo(text if text.endswith("\n") or out is printed[-1][1] else text + "\n", nl=False)
         scratch.cleanup()
     echo_summary(summary, to_stdout)
     click.get_current_context().exit(int(summary.exit_code))

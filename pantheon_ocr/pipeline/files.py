@@ -13,7 +13,13 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; nothing is taken for abandoned there
+    fcntl = None
 
 from ..errors import WriteError, path_text
 
@@ -160,6 +166,43 @@ class OutputFolder:
             return True
         except OSError:
             return False
+
+    def identity(self) -> tuple[int, int] | None:
+        """(device, inode) of this folder; None if it cannot be read."""
+        try:
+            return _ident(os.fstat(self.fd) if self.fd is not None else os.stat(self.path))
+        except OSError:
+            return None
+
+    def hold(self, fd: int) -> None:
+        """Mark the file `fd` (made by create) as in use for as long as it is open: an advisory
+        lock, which the kernel lets go of when its holder closes it or dies. Where the file system
+        has no such locks, abandoned cannot take one either and removes nothing."""
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pass
+
+    def abandoned(self, name: str, older_than: float) -> bool:
+        """True if the regular file `name` here is older than `older_than` seconds and no live
+        process holds it (see hold): what a killed writer leaves."""
+        if fcntl is None:
+            return False
+        try:
+            fd = os.open(self._at(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.fd)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < older_than:
+                return False
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while its writer lives
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def names(self) -> list[str]:
         try:

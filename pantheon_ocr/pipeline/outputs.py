@@ -14,7 +14,8 @@ before the first rename, so a kill between the renames never leaves it beside ne
 the moment of the renames a reader sees no primary, and a set whose renames fail is written
 again by the next run); if anything fails, the temp files are removed. Temp names are short
 (`.pantheon-<hash of the name>-<random>.tmp`), so any output name the file system accepts also
-has a temp name it accepts.
+has a temp name it accepts. A writer holds its temp (an advisory lock) while it writes, so the
+temps a kill -9 left are told from a live writer's and swept by the next write in their folder.
 
 Nothing is written or deleted outside the output tree: every folder below its root is opened
 from the root one name at a time without following links (files.OutputTree: O_NOFOLLOW and
@@ -81,6 +82,7 @@ def _write_temp(place: _Place, data: bytes) -> str:
     else:
         raise FileExistsError(errno.EEXIST, "no free temp file name", str(place.path.parent))
     try:
+        place.folder.hold(fd)  # held until closed: a temp no one holds was left by a killed writer
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -89,6 +91,24 @@ def _write_temp(place: _Place, data: bytes) -> str:
         place.folder.unlink(name)
         raise
     return str(place.path.with_name(name))
+
+
+# A temp is renamed into place within moments of its writer letting go of it (the set's other
+# files renamed first); one older than this that no one holds was left by a killed run.
+STALE_TEMP_S = 5.0
+_swept: set[tuple[int, int]] = set()  # folders (device, inode) this process has swept
+
+
+def _sweep_stale_temps(folder: OutputFolder) -> None:
+    """Remove the temps a killed writer (kill -9, a power cut) left in `folder`, once a process
+    per folder: only our own names (TEMP_NAME), only those no live writer holds (files.hold)."""
+    ident = folder.identity()
+    if ident is None or ident in _swept:
+        return
+    _swept.add(ident)
+    for entry in folder.names():
+        if TEMP_NAME.match(entry) and folder.abandoned(entry, STALE_TEMP_S):
+            folder.unlink(entry)
 
 
 def make_folder(folder: str | os.PathLike, what: str = "output folder", hint: str = "") -> Path:
@@ -141,6 +161,8 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
     places = [_Place(Path(path), tree.folder(Path(path).parent)) for path, _ in files]
     for place in places:
         place.folder.check_target(place.path.name)
+    for folder in dict.fromkeys(place.folder for place in places):
+        _sweep_stale_temps(folder)
     temps: list[str] = []
     try:
         for place, (_, data) in zip(places, files):

@@ -20,8 +20,10 @@ to stop (it closes the pool, which terminates busy workers).
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import sys
 import threading
@@ -30,7 +32,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from ..errors import InputError
+from ..errors import RESOURCE_ERRNOS, InputError, ResourceError, open_files_limit
+
+# Open files a worker's start needs for a moment (its pipe, the forkserver's socket and two pipes)
+# and a margin for the pages' own files. Too few, and the start fails half-way through telling
+# the forkserver what to fork, which then prints a traceback of its own and dies.
+FDS_FOR_A_WORKER = 12
 
 
 class WorkerError(Exception):
@@ -119,6 +126,19 @@ class _Worker:
         self.conn.close()
 
 
+def _fds_free() -> int | None:
+    """How many more files this process may open (None: unknown, or no limit)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return None
+        return soft - len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "no exit status"
@@ -159,6 +179,25 @@ class RenderPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _start_worker(self) -> bool:
+        """One more worker; False where the system has no room for it (open files, processes)
+        and others run: the pool goes on with those. ResourceError where it has none at all."""
+        free = _fds_free()
+        try:
+            if free is not None and free < FDS_FOR_A_WORKER:
+                raise OSError(errno.EMFILE, "Too many open files")
+            self._workers.append(_Worker(self._ctx))
+            return True
+        except OSError as e:
+            if e.errno not in RESOURCE_ERRNOS:
+                raise
+            if self._workers:
+                self.n_workers = len(self._workers)  # as many as fit
+                return False
+            why = (f"too many open files: {open_files_limit()}" if e.errno in (errno.EMFILE, errno.ENFILE) else
+                   f"{e.strerror} (a limit such as ulimit -u or ulimit -v)")
+            raise ResourceError(f"cannot start a render worker: {why}") from None
+
     def close(self) -> None:
         self._closed = True
         workers, self._workers = self._workers, []
@@ -198,8 +237,7 @@ class RenderPool:
             # a worker more while tasks wait for one, up to n_workers: an image or a short PDF starts
             # one or two processes, not all that were asked for (each is a Python start, ~0.1 s)
             idle = sum(w.task is None for w in self._workers)
-            while len(waiting) > idle and len(self._workers) < self.n_workers:
-                self._workers.append(_Worker(self._ctx))
+            while len(waiting) > idle and len(self._workers) < self.n_workers and self._start_worker():
                 idle += 1
             for i, w in enumerate(self._workers):
                 if w.task is None and waiting:

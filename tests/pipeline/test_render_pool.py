@@ -158,3 +158,22 @@ def test_a_page_too_big_for_memory_now_fails_alone(monkeypatch):
         out = list(pool.imap(square, [(2,), (3,), (4,)]))
     assert isinstance(out[0].error, WorkerError) and out[0].error.problem == "not enough memory to take the rendered page in"
     assert [o.value for o in out[1:]] == [9, 16]
+
+
+def test_no_room_for_more_workers_runs_on_those_there_are(monkeypatch):
+    """Out of open files (a low ulimit -n) for a second worker: the pool goes on with one; for the
+    first, one ResourceError naming the limit (exit 71), never a worker started half-way, whose
+    forkserver then prints a traceback of its own."""
+    from pantheon_ocr.errors import ExitCode, ResourceError
+    from pantheon_ocr.pipeline import render_pool
+
+    room = iter([64, 0])  # room for one worker, then none
+    monkeypatch.setattr(render_pool, "_fds_free", lambda: next(room, 0))
+    with RenderPool(workers=4) as pool:
+        assert [o.value for o in pool.imap(pid_after, [(0.2,)] * 4)] and len(pool._workers) == 1
+        assert pool.n_workers == 1
+    monkeypatch.setattr(render_pool, "_fds_free", lambda: 3)
+    with RenderPool(workers=2) as pool, pytest.raises(ResourceError) as caught:
+        list(pool.imap(square, [(2,)]))
+    assert caught.value.exit_code == ExitCode.OUT_OF_RESOURCES
+    assert str(caught.value).startswith("cannot start a render worker: too many open files: the limit of open files")

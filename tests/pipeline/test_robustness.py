@@ -155,10 +155,88 @@ def test_non_utf8_and_long_names_are_written_everywhere(tmp_path):
     assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
 
 
+def test_control_characters_in_names_are_shown_escaped(tmp_path):
+    """A name holding a newline, an escape sequence or a right-to-left override is read and
+    written like any other, and every line a person reads shows it escaped: one record a line in
+    a log, nothing a terminal acts on."""
+    from pantheon_ocr.errors import path_text
+
+    assert path_text("a\nb\tc\r.pdf") == "a\\nb\\tc\\r.pdf"
+    assert path_text("\x1b[31mred\x7f\x85.pdf") == "\\x1b[31mred\\x7f\\x85.pdf"
+    assert path_text("invoice\u202efdp.exe") == "invoice\\u202efdp.exe"
+    assert path_text(os.fsencode(f"{FF}\n.pdf")) == "\\xff\\n.pdf"
+    assert path_text("été 文.pdf") == "été 文.pdf"  # printable text as it is
+    src = tmp_path / "in"
+    odd = write_pdf(src / "two\nlines\x1b[2J.pdf", 1, 1)
+    code, _, err = _cli("transcribe", odd, "--model", ROOT / "samples" / "tiny-model", "-o", tmp_path / "out",
+                        "--no-progress", "--max-tokens", 2)
+    assert code == ExitCode.OK, err
+    assert "\x1b" not in err and "two\\nlines\\x1b[2J.pdf" in err
+    assert [line for line in err.splitlines() if "two" in line and "lines" not in line] == []
+    made = [p for p in (tmp_path / "out").iterdir() if p.suffix == ".md"]
+    assert len(made) == 1 and json.loads(made[0].read_text(encoding="utf-8").split(" -->")[0].split(": ", 1)[1])[
+        "source"] == path_text(odd)
+
+
+def _cli(*args):
+    proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def test_temp_names_fit_any_legal_output_name(tmp_path):
     target = tmp_path / ("y" * 252 + ".md")  # 255 bytes: the longest legal name
     outputs.atomic_write_text(target, "ok\n")
     assert target.read_text() == "ok\n" and [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from pantheon_ocr.pipeline import outputs
+from pantheon_ocr.pipeline.files import OutputTree
+with OutputTree(Path(sys.argv[1])) as tree:
+    place = outputs._Place(Path(sys.argv[1]) / "a.md", tree.folder(Path(sys.argv[1])))
+    fd = place.folder.create(".pantheon-" + outputs.temp_tag("a.md") + "-killed00.tmp")
+    place.folder.hold(fd)
+    os.write(fd, b"half a docu")
+    os.kill(os.getpid(), signal.SIGKILL)  # as kill -9 mid-write
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="advisory locks (flock) are POSIX")
+def test_a_killed_writers_temps_are_swept_a_live_writers_kept(tmp_path, monkeypatch):
+    """kill -9 (or a power cut) in the middle of a write leaves a hidden temp; the next run that
+    writes in that folder removes it, whatever document it was for. A temp a live writer holds
+    (another transcribe into the same folder) is never touched, however old, nor are fresh ones
+    and names not ours."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(out)], cwd=ROOT, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    killed = out / f".pantheon-{outputs.temp_tag('a.md')}-killed00.tmp"
+    assert killed.read_bytes() == b"half a docu"
+    live = out / f".pantheon-{outputs.temp_tag('b.md')}-livewrit.tmp"
+    fresh = out / f".pantheon-{outputs.temp_tag('c.md')}-justmade.tmp"
+    theirs = out / ".pantheon-notours.tmp"
+    for p in (live, fresh, theirs):
+        p.write_bytes(b"x")
+    old = killed.stat().st_mtime - 60
+    for p in (killed, live, theirs):
+        os.utime(p, (old, old))
+    holder = os.open(live, os.O_RDONLY)  # another process writing b.md: its own open file, locked
+    import fcntl
+
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    monkeypatch.setattr(outputs, "_swept", set())
+    try:
+        src = write_pdf(tmp_path / "in" / "z.pdf", 1, 1)
+        summary = run_pipeline(expand_inputs([str(src)]), FakeEngine(), opts(tmp_path))
+    finally:
+        os.close(holder)
+    assert summary.exit_code == ExitCode.OK
+    assert not killed.exists()
+    assert live.exists() and fresh.exists() and theirs.exists() and (out / "z.md").is_file()
 
 
 # ------------------------------------------------------------------ outputs keyed to their source

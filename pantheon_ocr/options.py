@@ -246,7 +246,14 @@ class PipelineOptions:
     def __post_init__(self, text_fallback: bool | None) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         if text_fallback is not None:
-            object.__setattr__(self, "text_layer", "fallback" if text_fallback else "ocr")
+            old = "fallback" if text_fallback else "ocr"
+            # text_layer away from its default was given: the old spelling saying otherwise is a contradiction
+            if self.text_layer not in ("fallback", old):
+                from .errors import OptionError
+
+                raise OptionError("text_fallback", f"the old spelling of text_layer ({old!r} here) contradicts "
+                                                   f"text_layer {self.text_layer!r}: give text_layer alone")
+            object.__setattr__(self, "text_layer", old)
         _validate(self)
         for name in ("render_queue", "features_queue"):
             if getattr(self, name) < 1:

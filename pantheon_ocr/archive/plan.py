@@ -23,7 +23,7 @@ from .owner import own_name, remove_own_outputs
 from .report import RunLog
 from .spec import JobSpec
 from .state import JobState
-from .wording import NO_SELECTED_PAGE
+from .wording import NO_SELECTED_PAGE, UNREADABLE
 
 _OLD_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp files of versions before outputs.TEMP_NAME
 
@@ -33,9 +33,10 @@ class Planner:
     for this run's documents, with their pages rows ready; what it saw goes to `log`."""
 
     def __init__(self, spec: JobSpec, state: JobState, run_id: int, options: PipelineOptions, retry_failed: bool,
-                 log: RunLog):
+                 log: RunLog, reread: bool = False):
         self.spec, self.state, self.run_id, self.options = spec, state, run_id, options
-        self.retry_failed, self.log = retry_failed, log
+        # --reread: every document read again (failed ones included); --retry-failed: the failed ones
+        self.retry_failed, self.reread, self.log = retry_failed or reread, reread, log
         self.pages_spec = spec.ocr.pages or "all"
         self.docs: dict[str, tuple[int, Document]] = {}
 
@@ -55,6 +56,7 @@ class Planner:
                 sha = row["sha256"] if quick else _sha256(doc.path)
             except OSError as e:
                 self.log.fail(str(doc.path), None, f"cannot read file: {e.strerror or e}")
+                self.log.document(UNREADABLE, doc.path)
                 continue
             if row is None or not Path(row["output"]).is_relative_to(spec.output):
                 # Output names are fixed once per document (input order may change between
@@ -84,6 +86,10 @@ class Planner:
                 if row["pages_spec"] != self.pages_spec or row["status"] == "empty" or (
                         self.retry_failed and not self._selected(row["n_pages"])):
                     self._set_pages(row["id"], stamp, row["n_pages"], keep_done=True)
+                    if self.reread:
+                        state.reread(row["id"])
+                elif self.reread:
+                    state.reread(row["id"])
                 elif self.retry_failed:
                     state.retry_failed(row["id"])
         state.mark_seen(seen)
@@ -101,7 +107,7 @@ class Planner:
             if isinstance(e, NothingFound):
                 self.log.notes.append(f"{path_text(e.path)}: {e.problem}")
             else:
-                self.log.fail(e.path, None, e.problem)
+                self.log.fail(e.path, None, e.problem, input_path=True)
         return docs
 
     def _count(self, items: list[tuple[Document, int, tuple, bool]]) -> None:
@@ -120,6 +126,7 @@ class Planner:
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)
                 self.log.fail(str(doc.path), None, reason)
+                self.log.document(UNREADABLE, doc.path)
         finally:
             pool.close()
 

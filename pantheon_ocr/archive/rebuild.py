@@ -9,8 +9,9 @@ can still tell is kept (state.Salvage): run numbers go on after its last run and
 run-N report in the reports folder (which stand when the file is unreadable), so no report of
 an earlier run is written over; and an input it knew to be unreadable stays known while its
 bytes are the same, so the rebuild run's exit code is a normal night's. The new state is
-planned like a first night, and then every page whose text the existing outputs still hold is
-recorded as done without OCR, if the output records this very input (its path and sha256, see
+planned like a first night, and then, as in every new state's first run (state.must_recover:
+until it is done, so a kill half-way leaves it to the next run), every page whose text the
+existing outputs still hold is recorded as done without OCR, if the output records this very input (its path and sha256, see
 pipeline/naming.py): the JSONL when there is one (exact text, tokens, finish reason), else the
 Markdown. Pages that failed, stood in from the text layer, or whose output is missing or
 belongs to a changed input are OCR'd as usual.
@@ -34,6 +35,7 @@ from .lock import JobLocked, lock_is_stale
 from .report import RunLog, last_report_run
 from .sqlite import StateDamaged, translate
 from .state import JobState, Salvage
+from .wording import count
 
 _MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
 
@@ -112,7 +114,7 @@ def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Docum
             state.set_document_status(row_id, "done", None)
             log.document("recovered", doc.path)
     if recovered:
-        log.notes.append(f"{recovered} page(s) recovered from the existing outputs, not OCR'd again")
+        log.notes.append(f"{count(recovered, 'page')} recovered from the existing outputs, not OCR'd again")
     return recovered
 
 

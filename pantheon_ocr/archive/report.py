@@ -17,11 +17,11 @@ from typing import Any
 from ..errors import JobError, WriteError, path_text
 from ..pipeline.outputs import atomic_write_text, make_folder
 from ..pipeline.types import STAGES
-from .lock import lock_is_stale
+from .lock import JobLocked, lock_is_stale
 from .report_html import render_html
 from .sqlite import translate
 from .wording import count as _count
-from .wording import documents_line, failures_heading
+from .wording import UNREADABLE_PATH, documents_line, failures_heading
 from .state import JobState
 
 
@@ -42,8 +42,13 @@ class RunLog:
         self.events[event] += 1
         self.lists.setdefault(event, []).append(path_text(path))
 
-    def fail(self, path: str, page: int | None, reason: str, attempts: int = 0) -> None:
-        self.failures.append({"path": path_text(path), "page": page, "reason": reason, "attempts": attempts})
+    def fail(self, path: str, page: int | None, reason: str, attempts: int = 0, input_path: bool = False) -> None:
+        """A failure of this run; input_path: a path the job's inputs name that is no document at
+        all (missing, a FIFO, a link loop), counted apart from the documents."""
+        self.failures.append({"path": path_text(path), "page": page, "reason": reason, "attempts": attempts,
+                              **({"input_path": True} if input_path else {})})
+        if input_path:
+            self.document(UNREADABLE_PATH, path)
 
 
 def build_summary(spec, run_id: int, executor: str, log: RunLog, state_counts: dict, status: str, exit_code: int) -> dict:
@@ -103,6 +108,9 @@ def last_report_run(folder: Path) -> int:
         return 0
 
 
+REPORTS_HINT = "; remove it or point `reports =` in the job file elsewhere"
+
+
 def write_reports(summary: dict, folder: Path, run_id: int, latest: bool = True) -> tuple[Path, Path]:
     """run-0007.json + run-0007.html, and latest.json/latest.html for bookmarks (latest=False: not
     those, for the report of a run that is not the newest); atomic. The folder is the job's to
@@ -113,7 +121,7 @@ def write_reports(summary: dict, folder: Path, run_id: int, latest: bool = True)
     js = json.dumps(summary, indent=2, ensure_ascii=False)
     page = render_html(summary)
     paths = folder / f"run-{run_id:04d}.json", folder / f"run-{run_id:04d}.html"
-    make_folder(folder, "reports folder", "; remove it or point `reports =` in the job file elsewhere")
+    make_folder(folder, "reports folder", REPORTS_HINT)
     _refuse_another_run(paths, summary)
     files = [(paths[0], js + "\n"), (paths[1], page)] + ([(folder / "latest.json", js + "\n"), (folder / "latest.html", page)]
                                                         if latest else [])
@@ -188,6 +196,10 @@ def job_status(spec) -> dict:
         if lock is not None:
             out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock.stale_after)}
         out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
+        # input paths that are no document have no row in the state: the last run's report says them
+        last = state.run_summary(None)
+        out["failures"] += [f for f in json.loads(last[1]).get("failures", []) if f.get("input_path")] if (
+            last and last[1]) else []
     except sqlite3.Error as e:
         raise translate(spec.state, e, spec.path, "read") from None
     finally:
@@ -206,6 +218,7 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     try:
         found = state.run_summary(run_id)
         newest = state.run_summary(None)
+        lock = state.read_lock()
     except sqlite3.Error as e:
         raise translate(spec.state, e, spec.path, "read") from None
     finally:
@@ -214,6 +227,9 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
         raise JobError(f"{path_text(spec.path)}: no run {run_id} in the job state" if run_id is not None
                        else f"{path_text(spec.path)}: no runs yet")
     rid, summary = found
+    if not summary and lock is not None and lock.run == rid and not lock_is_stale(lock, spec.lock.stale_after):
+        raise JobLocked(f"{path_text(spec.path)}: run {rid} is still running ({lock.describe()}): it writes its "
+                        "report when it ends")
     if not summary:
         raise JobError(f"{path_text(spec.path)}: run {rid} stopped before its report was recorded")
     # latest.* are the newest run's: an older run's report written again must not take them

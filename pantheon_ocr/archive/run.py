@@ -35,12 +35,13 @@ from ..pipeline.files import changed_since, file_stamp
 from ..pipeline.outputs import check_output_folder, write_document
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
-from .lock import Heartbeat, acquire
+from .lock import Heartbeat, JobLocked, acquire
 from .owner import held_by_another, own_name
 from .plan import Planner
+from .reading import changes, reading_settings
 from .signals import HeldSignals
 from .sqlite import translate
-from .report import RunLog, build_summary, last_report_run, write_reports
+from .report import REPORTS_HINT, RunLog, build_summary, last_report_run, write_reports
 from .spec import JobSpec, load_job
 from .state import JobState
 from .wording import NO_SELECTED_PAGE
@@ -131,21 +132,24 @@ class JobResult:
 
 def run_job(spec: JobSpec, engine_factory: Callable[[], Any] | None = None, *, executor: Executor | None = None,
             retry_failed: bool = False, on_progress: Callable[[Progress], None] | None = None, log: Callable[[str], None] = lambda s: None,
-            rebuild_state: bool = False) -> JobResult:
+            rebuild_state: bool = False, reread: bool = False) -> JobResult:
     """Run the job once (see the module docstring). Raises JobLocked when another run holds the
     lock, StateDamaged / WriteError / StateBusy when the state cannot be used; returns a JobResult
     whose exit_code follows errors.ExitCode otherwise. rebuild_state: set a damaged state aside
-    and start a new one from what the outputs hold (rebuild.py)."""
+    and start a new one from what the outputs hold (rebuild.py). reread: read every document
+    again (after the model or the reading settings changed: reading.py)."""
     check_output_folder(spec.output)  # before any page: a night that cannot keep its outputs stops now
+    check_output_folder(spec.reports, "reports folder", REPORTS_HINT)  # nor its report
     if executor is None:
         executor = LocalExecutor(engine_factory or (lambda: model_engine_factory(spec)()))
-    return _JobRun(spec, executor, retry_failed, on_progress, log, rebuild_state).execute()
+    return _JobRun(spec, executor, retry_failed, on_progress, log, rebuild_state, reread).execute()
 
 
 class _JobRun:
     def __init__(self, spec: JobSpec, executor: Executor, retry_failed: bool, on_progress, say: Callable[[str], None],
-                 rebuild: bool = False) -> None:
+                 rebuild: bool = False, reread: bool = False) -> None:
         self.spec, self.executor, self.retry_failed, self.rebuild = spec, executor, retry_failed, rebuild
+        self.reread = reread
         self.on_progress, self.say = on_progress, say
         # the text-layer fallback of pages that failed every attempt (a worker started on first use)
         self.stamps: dict = {}  # doc_id -> files.file_stamp at planning
@@ -187,20 +191,24 @@ class _JobRun:
             try:
                 if interrupted:
                     raise KeyboardInterrupt
-                self.docs = Planner(spec, self.state, self.run_id, self.options, self.retry_failed, self.log).plan()
+                self._reading_changed()
+                self.docs = Planner(spec, self.state, self.run_id, self.options, self.retry_failed, self.log,
+                                    self.reread).plan()
                 # each document's file as planned (and hashed): one that changes while this run
                 # reads it keeps its pages pending, and the next run reads the new version
                 self.stamps = {doc_id: file_stamp(doc) for doc_id, (_, doc) in self.docs.items()}
-                if self.rebuild:
+                if self.state.must_recover():  # a new state, or a rebuild a kill stopped half-way
                     recovered = rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
+                    self.state.recovered()
                 for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
                     self._assemble(row_id, only_if_needed=True)
                 self._rounds()
             except KeyboardInterrupt:
                 interrupted = True
             # what counts as written for the exit code: as transcribe, a document with no selected
-            # page was read (1, not 4), and pages recovered by --rebuild-state are on disk
-            kept = sum(self.log.events[k] for k in ("written", "partial", NO_SELECTED_PAGE))
+            # page was read (1, not 4), pages recovered by --rebuild-state are on disk, and so are
+            # the documents earlier runs did (4 says the whole archive is unreadable)
+            kept = sum(self.log.events[k] for k in ("written", "partial", "unchanged", NO_SELECTED_PAGE))
             wrote = kept > 0 or recovered > 0 or any(a["outcome"] == "done" for a in self.log.attempts)
             status = "interrupted" if interrupted else "finished"
             code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
@@ -221,6 +229,17 @@ class _JobRun:
         if late.pending:
             raise KeyboardInterrupt
         return result
+
+    def _reading_changed(self) -> None:
+        """Say it when the model or the reading settings changed since the last run: what was
+        read before keeps the old text unless --reread (reading.py)."""
+        now, before = reading_settings(self.spec), self.state.reading()
+        if before is not None and not self.reread and self.state.counts()["pages"].get("done"):
+            changed = changes(before, now)
+            if changed:
+                self.log.notes.append(f"the reading changed since the last run ({'; '.join(changed)}): pages read "
+                                      "before keep their text; `archive run --reread` reads every document again")
+        self.state.set_reading(now)
 
     def _bookkeeping(self, status: str, code: ExitCode) -> tuple[JobResult, PantheonError | None]:
         """Stop the heartbeat and the executor, write the report, record the run, release the
@@ -246,8 +265,12 @@ class _JobRun:
         except Exception as e:  # noqa: BLE001 - a report is not worth a lock left behind
             # our errors name the file or folder; any other gets the reports folder named
             why = e if isinstance(e, PantheonError) else (
-                f"{path_text(self.spec.reports)}: {(e.strerror if isinstance(e, OSError) else None) or e}")
-            self.say(f"warning: cannot write the report: {why}")
+                f"{path_text(self.spec.reports)}: cannot write the report: "
+                f"{(e.strerror if isinstance(e, OSError) else None) or e}")
+            self.say(f"error: {why}")
+            if code != ExitCode.INTERRUPTED:  # the night's record is not on disk: as an output that is not
+                code = ExitCode.CANNOT_WRITE
+                summary["exit_code"] = int(code)
         for step in (lambda: self.state.finish_run(self.run_id, status, int(code), summary, *(str(p) if p else None for p in paths)),
                      lambda: self.state.release(self.run_id)):
             try:
@@ -283,7 +306,7 @@ class _JobRun:
         """One page result -> the state (conditional on the attempt we sent), then the document's
         outputs if that was its last pending page. Called in the main thread as pages finish."""
         if self.heartbeat.lost.is_set():
-            raise JobError("another run took over this job's lock (this run was stalled past lock.stale_after); stopping")
+            raise JobLocked("another run took over this job's lock (this run was stalled past lock.stale_after); stopping")
         key = (result.doc.doc_id, result.page)
         if key not in self.expect:
             return

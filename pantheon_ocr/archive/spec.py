@@ -234,7 +234,9 @@ def load_job(path: str | os.PathLike) -> JobSpec:
     tomllib = _toml_module()
     try:
         with open_regular(path) as f:  # a FIFO or folder is an error, never a hang
-            data = tomllib.load(f)
+            raw = f.read()
+        # a byte-order mark (Windows editors write one) is no TOML, but no reason to refuse the file
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except FileNotFoundError:
         raise JobError(f"{path_text(path)}: no such job file") from None
     except OSError as e:

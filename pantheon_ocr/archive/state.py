@@ -139,6 +139,12 @@ class JobState:
                            "point `state =` in the job file at a file")
         if st is not None and st.st_size == 0:
             raise StateDamaged(f"{path_text(path)}: the job state is empty (0 bytes); {advice(job)}")
+        if st is not None and create_new:  # a run: said before SQLite opens it, which would leave
+            # -wal and -shm beside it as read-only as the file, failing the run after it is fixed
+            for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+                if os.path.exists(p) and not os.access(p, os.W_OK):
+                    raise WriteError(f"{path_text(p)}: the job state cannot be written (permission denied or a "
+                                     "read-only file system): a run records every page in it; make it writable")
         try:
             if st is None:
                 if not create_new:
@@ -239,6 +245,34 @@ class JobState:
                            "VALUES (?, ?, ?, ?, ?, ?, ?, 'failed', ?)",
                            [(db_name(path), doc_id, kind, db_name(rel), db_name(output), sha, error, time.time())
                             for path, doc_id, kind, rel, output, sha, error in salvage.unreadable])
+
+    def reading(self) -> dict | None:
+        """The reading settings of the last run (reading.py), None before the first."""
+        row = self.db.execute("SELECT value FROM meta WHERE key='reading'").fetchone()
+        try:
+            return json.loads(row[0]) if row else None
+        except ValueError:
+            return None
+
+    def set_reading(self, reading: dict) -> None:
+        with Txn(self.db) as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('reading', ?)", (json.dumps(reading, sort_keys=True),))
+
+    def reread(self, row_id: int) -> None:
+        """Every page of the document pending again, with all its attempts (`--reread`)."""
+        with Txn(self.db) as db:
+            db.execute("UPDATE pages SET status='pending', attempts=0 WHERE doc=? AND status!='pending'", (row_id,))
+            db.execute("UPDATE documents SET status='pending' WHERE id=?", (row_id,))
+
+    def must_recover(self) -> bool:
+        """True until a run has taken back the pages the outputs on disk already hold (a new
+        state's first run; a run killed before it was done leaves it for the next)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key='recover_outputs'").fetchone()
+        return row is not None and row[0] == "1"
+
+    def recovered(self) -> None:
+        with Txn(self.db) as db:
+            db.execute("DELETE FROM meta WHERE key='recover_outputs'")
 
     # ----------------------------------------------------------------------- runs and lock
 
@@ -436,3 +470,6 @@ class JobState:
 def _init_schema(db: sqlite3.Connection) -> None:
     db.executescript(_SCHEMA)
     db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    # a new state knows nothing yet of the outputs already on disk (a state lost or deleted, a
+    # rebuild, outputs transcribe made): its first run takes their pages back before any OCR
+    db.execute("INSERT INTO meta VALUES ('recover_outputs', '1')")

@@ -36,10 +36,12 @@ def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: in
 @click.option("--ray-workers", type=click.IntRange(1), help="Ray workers (one engine each); default: all CPUs / cpus_per_worker.")
 @click.option("--no-ray", is_flag=True, help="Ignore [ray] address in the job file and run here.")
 @click.option("--retry-failed", is_flag=True, help="Also redo pages and documents recorded as failed.")
+@click.option("--reread", is_flag=True, help="Read every document again, done ones too (after the model or the reading "
+                                             "settings changed: a run says so).")
 @click.option("--rebuild-state", is_flag=True,
               help="Set a damaged job state aside and rebuild it from the outputs (pages whose output is intact are not OCR'd again).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
-def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, progress) -> None:
+def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_state, progress) -> None:
     """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
     if no_ray and (ray_address or ray_workers):  # which one was meant is not ours to guess
         raise UsageError(f"--no-ray contradicts {'--ray' if ray_address else '--ray-workers'}: give one of them")
@@ -63,7 +65,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, rebuild_state, prog
 
     with sigterm_as_interrupt():
         result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=progress_bar() if show else None, log=log,
-                                 rebuild_state=rebuild_state)
+                                 rebuild_state=rebuild_state, reread=reread)
     for line in run_lines(result):
         click.echo(line, err=True)
     click.get_current_context().exit(int(result.exit_code))

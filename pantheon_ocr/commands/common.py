@@ -16,9 +16,15 @@ from ..errors import path_text
 def sigterm_as_interrupt():
     """cron, systemd and `kill` stop a run with SIGTERM: handle it like Ctrl-C, so finished
     documents stay written (and a job's pages recorded, its report written, its lock released),
-    and the run exits 130 instead of dying by the signal."""
+    and the run exits 130 instead of dying by the signal. The first one stops the run; any more
+    (a supervisor that sends several) are let pass while it winds down, here and after this block
+    until the process ends, so the summary is printed whole and the exit code stays 130, not 143."""
+    stopping = []
+
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        if not stopping:
+            stopping.append(signum)
+            raise KeyboardInterrupt
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
@@ -28,7 +34,8 @@ def sigterm_as_interrupt():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if not stopping:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def echo_notes(notes: list[str]) -> None:

@@ -125,17 +125,17 @@ def make_folder(folder: str | os.PathLike, what: str = "output folder", hint: st
     return path
 
 
-def check_output_folder(folder: str | os.PathLike) -> None:
+def check_output_folder(folder: str | os.PathLike, what: str = "output folder", hint: str = "") -> None:
     """WriteError naming `folder` unless it is a folder this process can write in (made if it is
     not there yet). Called before any page is read: a run that cannot keep its outputs says so at
     once, not after hours of OCR."""
-    path = make_folder(folder)
+    path = make_folder(folder, what, hint)
     try:
         fd, probe = tempfile.mkstemp(prefix=".pantheon-ocr-check-", dir=path)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise WriteError(f"{path_text(path)}: cannot write in the output folder: {e.strerror or e}") from None
+        raise WriteError(f"{path_text(path)}: cannot write in the {what}: {e.strerror or e}") from None
 
 
 def atomic_write_files(files: Sequence[tuple[Path, bytes]], root: str | os.PathLike | None = None) -> None:

@@ -172,7 +172,8 @@ class RunSummary:
 
     @property
     def exit_code(self) -> ExitCode:
-        wrote = any(d.status in ("written", "partial") or d.note == NO_SELECTED_PAGE for d in self.documents)
+        # a document skipped for its outputs already there was read before: with it, something is fine
+        wrote = any(d.status in ("written", "partial", "skipped") or d.note == NO_SELECTED_PAGE for d in self.documents)
         unwritten = any(d.status == "unwritten" for d in self.documents)
         return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten)
 

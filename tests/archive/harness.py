@@ -132,7 +132,8 @@ def write_job(folder: Path, top: dict | None = None, **sections: dict) -> Path:
     top = {"inputs": ["in"], "output": "out", **(top or {})}
     lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
     sections.setdefault("ocr", {}).setdefault("render_workers", 1)
-    sections["ocr"].setdefault("text_fallback", False)  # the marked PDFs have a text layer; tested on its own
+    if "text_layer" not in sections["ocr"]:  # the marked PDFs have a text layer; tested on its own
+        sections["ocr"].setdefault("text_fallback", False)
     sections.setdefault("lock", {}).setdefault("stale_after", 10)
     for name, table in sections.items():
         lines.append(f"\n[{name}]")

@@ -12,7 +12,7 @@ import pytest
 
 from fake_engine import EngineFactory, md_body
 from pantheon_ocr.archive.run import load_job, run_job
-from pantheon_ocr.errors import ExitCode
+from pantheon_ocr.errors import ExitCode, JobError
 
 from .harness import check_outputs, md_pages, pdf, run_cli, write_job
 
@@ -89,6 +89,23 @@ def test_page_timeout_key(tmp_path):
     result = run_job(spec, EngineFactory(n_tokens=400, step_sleep=0.02))
     (failure,) = result.summary["failures"]
     assert failure["reason"].startswith("timeout: the page took longer than 0.5 s")
+
+
+def test_a_job_file_with_a_byte_order_mark_and_contradicting_spellings(tmp_path):
+    """A BOM (Windows editors write one) is read past; the old text_fallback and text_layer that
+    say different things are one error naming both, not the old spelling silently winning."""
+    from pantheon_ocr.archive.spec import load_job
+
+    job = tmp_path / "job.toml"
+    job.write_bytes(b'\xef\xbb\xbfinputs = ["in"]\noutput = "out"\n')
+    assert load_job(job).output == tmp_path / "out"
+    job.write_text('inputs = ["in"]\noutput = "out"\n[ocr]\ntext_fallback = true\ntext_layer = "prefer"\n')
+    with pytest.raises(JobError) as caught:
+        load_job(job).pipeline_options()
+    assert str(caught.value) == ("job.toml: ocr.text_fallback: the old spelling of text_layer ('fallback' here) "
+                                 "contradicts text_layer 'prefer': give text_layer alone")
+    job.write_text('inputs = ["in"]\noutput = "out"\n[ocr]\ntext_fallback = false\ntext_layer = "ocr"\n')
+    assert load_job(job).pipeline_options().text_layer == "ocr"  # saying the same twice is fine
 
 
 def test_job_file_that_is_not_utf8_or_not_a_file(tmp_path):

@@ -131,11 +131,32 @@ def test_a_file_in_place_of_the_reports_folder_is_named(tmp_path):
     reports.write_text("in the way\n")
     job = write_job(tmp_path)
     problem = f"{reports}: the reports folder is a file, not a folder; remove it or point `reports =` in the job file elsewhere"
-    r = run_cli(["archive", "run", str(job), "--no-progress"])
-    assert r.returncode == 0 and f"warning: cannot write the report: {problem}\n" in r.stderr
-    r = run_cli(["archive", "report", str(job)])
+    r = run_cli(["archive", "run", str(job), "--no-progress"])  # said before any page, not after the night
     assert r.returncode == ExitCode.CANNOT_WRITE and r.stderr == f"error: {problem}\n"
-    assert reports.read_text() == "in the way\n"
+    assert not (tmp_path / "out" / "a.md").exists() and reports.read_text() == "in the way\n"
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_exit_73(tmp_path, monkeypatch):
+    """The reports folder fills up (or goes read-only) during the night: the outputs are written,
+    and the exit code says the run's record is not (73, as for any output), not 0."""
+    import errno
+
+    import pantheon_ocr.archive.run as job_run
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pdf(tmp_path / "in", "a.pdf", 1, 1)
+    job = write_job(tmp_path)
+    monkeypatch.setattr(job_run, "write_reports", full)
+    said: list[str] = []
+    result = run_job(load_job(job), EngineFactory(n_tokens=4), log=said.append)
+    assert result.exit_code == ExitCode.CANNOT_WRITE and result.summary["exit_code"] == 73
+    assert said[-1] == f"error: {tmp_path / 'job-reports'}: cannot write the report: No space left on device"
+    check_outputs(tmp_path / "out", {"a.md": (1, 1)}, n_tokens=4)
+    db = sqlite3.connect(tmp_path / "job.sqlite")
+    assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("finished", 73)]
+    db.close()
 
 
 # ------------------------------------------------------------------ a shared output folder

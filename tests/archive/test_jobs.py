@@ -20,6 +20,7 @@ import pytest
 from fake_engine import SAMPLES, EngineFactory, expected_text, md_body
 from pantheon_ocr.archive.lock import JobLocked
 from pantheon_ocr.archive.report import job_status
+from pantheon_ocr.archive.wording import failures_heading
 from pantheon_ocr.archive.run import load_job, run_job
 from pantheon_ocr.archive.state import connect
 from pantheon_ocr.errors import ExitCode, JobError
@@ -168,6 +169,56 @@ def test_only_unreadable_inputs_exit_4(tmp_path):
     (tmp_path / "in").mkdir()
     shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "corrupt.pdf")
     assert run(write_job(tmp_path)).exit_code == ExitCode.INPUT_UNREADABLE
+
+
+def test_a_bad_document_beside_ones_done_before_is_exit_1_not_4(tmp_path):
+    """A night where the good documents are unchanged and a new (or replaced) one is unreadable:
+    1, some failed; 4 says nothing of the archive can be read, and a monitor would believe it."""
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    job = write_job(tmp_path)
+    assert run(job).exit_code == ExitCode.OK
+    shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "b.pdf")
+    result = run(job)
+    assert result.summary["documents"] == {"unchanged": 1, "new": 1, "failed (unreadable)": 1}
+    assert result.exit_code == ExitCode.PAGES_FAILED
+    (tmp_path / "in" / "gone.pdf").symlink_to(tmp_path / "nowhere.pdf")  # an input path that is no document
+    result = run(job)
+    assert result.exit_code == ExitCode.PAGES_FAILED
+    assert result.summary["documents"] == {"unchanged": 1, "skipped (unreadable)": 1, "unreadable input path": 1}
+    assert [f.get("input_path") for f in result.summary["failures"]] == [True]
+    status = job_status(load_job(job))  # the state has no row for it: status says it from the last run
+    assert [(Path(f["path"]).name, f["page"]) for f in status["failures"]] == [("b.pdf", None), ("gone.pdf", None)]
+    assert failures_heading(status["failures"]) == "1 document and 1 input path failed"
+    page = {"path": "x", "page": 2, "reason": "r"}
+    assert failures_heading([page, page, *status["failures"]]) == "2 pages, 1 document and 1 input path failed"
+    assert failures_heading([]) == "nothing failed"  # a run stopped before anything failed: its report
+
+
+def test_a_changed_model_or_reading_is_said_and_reread_reads_everything_again(tmp_path):
+    """The night after [ocr] max_tokens (or the model) changed: nothing is read again by itself,
+    but the run says so, once; --reread reads every document again and writes it."""
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    pdf(tmp_path / "in", "b.pdf", 1, 2)
+    job = write_job(tmp_path)
+    assert run(job).exit_code == ExitCode.OK
+    quiet = run(job)
+    assert not [n for n in quiet.summary["notes"] if "reading changed" in n]
+    job = write_job(tmp_path, ocr={"max_tokens": 7})
+    factory = Counting()
+    said = run(job, factory)
+    assert factory.built == 0 and said.summary["documents"] == {"unchanged": 2}
+    assert [n for n in said.summary["notes"] if "reading changed" in n] == [
+        "the reading changed since the last run (max_tokens 4096 -> 7): pages read before keep their text; "
+        "`archive run --reread` reads every document again"]
+    assert not [n for n in run(job).summary["notes"] if "reading changed" in n]  # said once
+    before = (tmp_path / "out" / "a.md").read_text()
+    factory = Counting()
+    again = run(job, factory, reread=True)
+    assert again.exit_code == ExitCode.OK and again.summary["documents"] == {"unchanged": 2, "written": 2}
+    assert sorted(factory.engines[0].prefills) == [(1, 1), (1, 2), (2, 1)]
+    assert rows(job, "SELECT status, count(*) FROM pages GROUP BY status") == [("done", 3)]
+    check_outputs(tmp_path / "out", {"a.md": (1, 2), "b.md": (2, 1)})
+    assert (tmp_path / "out" / "a.md").read_text() == before  # the fake engine reads the same text
 
 
 def test_looping_page_retried_with_changed_sampling_then_failed(tmp_path):

@@ -174,6 +174,61 @@ def test_second_concurrent_run_is_refused_then_takes_over(tmp_path):
     assert query(job, "SELECT id, status FROM runs ORDER BY id") == [(1, "killed"), (2, "finished")]
 
 
+def test_a_volley_of_sigterms_still_ends_in_130_with_its_summary(tmp_path):
+    """A supervisor that sends SIGTERM three times in 0.1 s: the first stops the run, the others
+    pass while it winds down; exit 130 (not 143, death by the signal) and the summary printed."""
+    job = setup_job(tmp_path)
+    ready = tmp_path / "ready"
+    proc = _start(job, {"n_tokens": 4, "step_sleep": 0.3}, ready)
+    _wait_for(ready.exists)
+    for _ in range(3):
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.04)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "run 1 of job" in err and "Traceback" not in err
+    assert query(job, "SELECT status, exit_code FROM runs") == [("interrupted", 130)]
+    assert query(job, "SELECT count(*) FROM lock") == [(0,)]
+
+
+def test_the_report_of_a_run_still_going_says_so(tmp_path):
+    """`archive report` while the night's run works: 75, 'still running', not 'stopped before its
+    report was recorded' (2), which sends an operator looking for a crash."""
+    job = setup_job(tmp_path)
+    ready = tmp_path / "ready"
+    proc = _start(job, {"n_tokens": 4, "step_sleep": 0.3}, ready)
+    try:
+        _wait_for(ready.exists)
+        r = run_cli(["archive", "report", str(job)])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert r.returncode == ExitCode.JOB_LOCKED, r.stderr
+    assert r.stderr.startswith(f"error: {job}: run 1 is still running (run 1, pid {proc.pid} on ")
+    assert r.stderr.endswith("): it writes its report when it ends\n")
+
+
+_WIND_DOWN = """
+import os, signal, sys, time
+from pantheon_ocr.commands.common import sigterm_as_interrupt
+try:
+    with sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+except KeyboardInterrupt:
+    pass
+os.kill(os.getpid(), signal.SIGTERM)  # while the summary is printed: the default handler died of it
+time.sleep(0.2)
+print("summary")
+sys.exit(130)
+"""
+
+
+def test_sigterms_after_the_first_pass_while_the_command_winds_down():
+    proc = subprocess.run([sys.executable, "-c", _WIND_DOWN], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (130, "summary\n"), proc.stderr
+
+
 def test_sigterm_stops_cleanly(tmp_path):
     """cron/systemd stop: SIGTERM = Ctrl-C: finished pages kept, report written, lock released."""
     job = setup_job(tmp_path)

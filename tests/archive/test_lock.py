@@ -14,7 +14,7 @@ from fake_engine import EngineFactory
 from pantheon_ocr.archive.lock import Heartbeat, acquire
 from pantheon_ocr.archive.run import load_job, run_job
 from pantheon_ocr.archive.state import JobState
-from pantheon_ocr.errors import JobError
+from pantheon_ocr.errors import ExitCode, JobError
 
 from .harness import pdf, write_job
 
@@ -70,8 +70,9 @@ def test_a_run_that_lost_its_lock_stops_recording(tmp_path):
             stolen.append(time.monotonic())
 
     factory = EngineFactory(n_tokens=12, step_sleep=0.1, on_step=steal)
-    with pytest.raises(JobError, match="another run took over this job's lock"):
+    with pytest.raises(JobError, match="another run took over this job's lock") as caught:
         run_job(load_job(job), factory)
+    assert caught.value.exit_code == ExitCode.JOB_LOCKED  # 75: another run has it; not 2, a bad job file
     assert stolen
     db = sqlite3.connect(state_file)
     try:

@@ -91,6 +91,6 @@ def test_pipeline_script(tmp_path, local_ray, monkeypatch, capsys):
     monkeypatch.setattr(job_run, "model_engine_factory", lambda job_spec: EngineFactory())
     job = make_inputs(tmp_path)
     assert script.main([str(job), "--workers", "2", "--chunk-pages", "3"]) == ExitCode.PAGES_FAILED
-    assert "run 1 of job 'job' finished: 4 documents (4 new); 3 written" in capsys.readouterr().err
+    assert "run 1 of job 'job' finished: 4 documents (4 new); 1 failed (unreadable), 3 written" in capsys.readouterr().err
     check_outputs(tmp_path / "out", {"a.md": (1, 5), "b.md": (2, 3), "c.md": (3, 2)})
     assert script.main([str(tmp_path / "missing.toml")]) == ExitCode.BAD_ARGUMENTS

@@ -140,9 +140,39 @@ def test_a_lost_state_file_numbers_after_the_reports(tmp_path):
     before = reports(tmp_path)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{tmp_path / 'job.sqlite'}{suffix}").unlink(missing_ok=True)
-    result, pages = run(job)  # a new state, a first night: everything is read again
-    assert (result.run, result.exit_code, pages) == (4, ExitCode.OK, 5)
+    result, pages = run(job)  # a new state: the pages the outputs hold are taken back, none read again
+    assert (result.run, result.exit_code, pages) == (4, ExitCode.OK, 0)
+    assert result.summary["documents"] == {"new": 2, "recovered": 2}
     assert {k: reports(tmp_path)[k] for k in NAMES} == before
+    check_outputs(tmp_path / "out", {"a.md": (1, 3), "b.md": (2, 2)})
+    assert run(job)[1] == 0  # and the state now knows them: a normal night
+
+
+def test_a_rebuild_stopped_half_way_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """kill -9 after --rebuild-state set the damaged state aside and made the new one, before it
+    took the pages back from the outputs: the next run (a plain one, from cron) takes them back,
+    it does not read the whole archive again."""
+    from pantheon_ocr.archive import rebuild
+
+    job = three_runs(tmp_path)
+    (tmp_path / "in" / "a.pdf").unlink()
+    pdf(tmp_path / "in", "c.pdf", 1, 3)  # new since: the only page to read
+    garbage(tmp_path)
+    real = rebuild.recover_pages
+
+    def killed(*args, **kwargs):
+        raise SystemExit(-9)  # dies here; the finally blocks of a real kill -9 do not even run
+
+    monkeypatch.setattr(rebuild, "recover_pages", killed)
+    with pytest.raises(SystemExit):
+        run(job, rebuild_state=True)
+    monkeypatch.setattr(rebuild, "recover_pages", real)
+    result, pages = run(job)
+    assert (result.exit_code, pages) == (ExitCode.OK, 1)
+    assert result.summary["documents"]["recovered"] == 1
+    assert "2 pages recovered from the existing outputs, not OCR'd again" in result.summary["notes"]
+    check_outputs(tmp_path / "out", {"b.md": (2, 2), "c.md": (3, 1)})
+    assert run(job)[1] == 0
 
 
 def test_last_report_run(tmp_path):
@@ -190,7 +220,7 @@ def test_rebuild_from_nothing_legible_is_a_first_night_not_nothing_readable(tmp_
     result, pages = run(job, rebuild_state=True)
     assert (result.exit_code, pages) == (ExitCode.PAGES_FAILED, 0)
     assert [(Path(f["path"]).name, f["page"]) for f in result.summary["failures"]] == [("zero.pdf", None)]
-    assert result.summary["documents"] == {"new": 3, "recovered": 2}
+    assert result.summary["documents"] == {"new": 3, "failed (unreadable)": 1, "recovered": 2}
     assert run(job)[0].exit_code == ExitCode.OK  # known from now on
 
 

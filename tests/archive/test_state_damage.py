@@ -185,6 +185,26 @@ def test_read_only_or_full_state_is_a_clear_write_error(tmp_path, monkeypatch, h
     assert needle in str(e.value).lower()
 
 
+def test_a_read_only_state_leaves_nothing_read_only_behind(tmp_path, monkeypatch):
+    """chmod 444 job.sqlite: exit 73 naming it, said before SQLite opens it (which left -wal and
+    -shm as read-only as the file: the run still failed after the operator made the state
+    writable again); once it is writable the next run goes on."""
+    job = done_job(tmp_path)
+    state = tmp_path / "job.sqlite"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{state}{suffix}").unlink(missing_ok=True)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == state and mode == os.W_OK else
+                        real(p, mode, **kw))  # root may write a 0444 file: as a user would see it
+    with pytest.raises(WriteError) as e:
+        run_job(load_job(job), Counting())
+    assert e.value.exit_code == ExitCode.CANNOT_WRITE and str(e.value).startswith(f"{state}: the job state cannot be "
+                                                                                  "written")
+    assert not Path(f"{state}-wal").exists() and not Path(f"{state}-shm").exists()
+    monkeypatch.setattr(os, "access", real)
+    assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK
+
+
 def test_simultaneous_starts_end_in_75_not_database_is_locked(tmp_path):
     pdf(tmp_path / "in", "a.pdf", 2, 1)
     job = write_job(tmp_path)
@@ -232,11 +252,15 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
         monkeypatch.setattr(job_run.JobState, "finish_run", sigterm_then(job_run.JobState.finish_run))
     else:
         monkeypatch.setattr(job_run.Heartbeat, "start", sigterm_then(job_run.Heartbeat.start))
-    with _sigterm_as_interrupt():
-        try:  # a stop during the work ends the run with 130; after it, the bookkeeping finishes first
-            stopped = run_job(load_job(job), Counting()).exit_code == ExitCode.INTERRUPTED
-        except KeyboardInterrupt:  # (pytest.raises lets KeyboardInterrupt through)
-            stopped = True
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with _sigterm_as_interrupt():
+            try:  # a stop during the work ends the run with 130; after it, the bookkeeping finishes first
+                stopped = run_job(load_job(job), Counting()).exit_code == ExitCode.INTERRUPTED
+            except KeyboardInterrupt:  # (pytest.raises lets KeyboardInterrupt through)
+                stopped = True
+    finally:
+        signal.signal(signal.SIGTERM, before)  # once stopped, the command keeps its handler until it ends
     assert stopped
     assert sql(job, "SELECT count(*) FROM lock") == [(0,)]
     assert sql(job, "SELECT count(*) FROM runs WHERE status = 'running'") == [(0,)]

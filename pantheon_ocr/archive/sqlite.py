@@ -115,6 +115,33 @@ def create(path: Path, init: Callable[[sqlite3.Connection], None]) -> None:
         _remove(tmp)
 
 
+def remove_stale_temps(path: Path) -> None:
+    """The `.<state>.new-<pid>` files (and their -journal, -wal, -shm) a run killed while it made
+    the state left beside it: those of processes no longer alive on this machine."""
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    prefix = f".{path.name}.new-"
+    for name in names:
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            try:
+                os.unlink(path.parent / name)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
 def _remove(tmp: Path) -> None:
     for p in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm"), tmp.with_name(tmp.name + "-journal")):
         try:

@@ -27,7 +27,8 @@ from typing import Callable
 from ..errors import JobError, WriteError, path_text
 from ..pipeline.files import special_kind
 from ..pipeline.types import STAGES
-from .sqlite import APPLICATION_ID, StateDamaged, Txn, advice, connect, create, db_name, translate
+from .sqlite import (APPLICATION_ID, StateDamaged, Txn, advice, connect, create, db_name, remove_stale_temps,
+                     translate)
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -145,6 +146,8 @@ class JobState:
                 if os.path.exists(p) and not os.access(p, os.W_OK):
                     raise WriteError(f"{path_text(p)}: the job state cannot be written (permission denied or a "
                                      "read-only file system): a run records every page in it; make it writable")
+        if create_new:
+            remove_stale_temps(path)
         try:
             if st is None:
                 if not create_new:

@@ -205,6 +205,19 @@ def test_a_read_only_state_leaves_nothing_read_only_behind(tmp_path, monkeypatch
     assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK
 
 
+def test_a_state_made_by_a_killed_run_leaves_no_temp_files(tmp_path):
+    """kill -9 while a run made the state: its `.job.sqlite.new-PID` files are removed by the next
+    run (a live process's are left alone)."""
+    job = done_job(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    left = [tmp_path / f".job.sqlite.new-{dead}{suffix}" for suffix in ("", "-journal", "-wal")]
+    live = tmp_path / f".job.sqlite.new-{os.getppid()}"
+    for p in (*left, live):
+        p.write_bytes(b"x")
+    assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK
+    assert not any(p.exists() for p in left) and live.exists()
+
+
 def test_simultaneous_starts_end_in_75_not_database_is_locked(tmp_path):
     pdf(tmp_path / "in", "a.pdf", 2, 1)
     job = write_job(tmp_path)

@@ -201,6 +201,12 @@ def test_skip_existing_and_overwrite(tmp_path):
     (outcome,) = summary.documents
     assert outcome.status == "skipped" and outcome.note == "outputs exist" and engine.prefills == []
     assert summary.exit_code == ExitCode.OK
+    # a bad document beside one read before: some failed (1), not "nothing could be read" (4)
+    shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "b.pdf")
+    mixed = run_pipeline(expand_inputs([str(a), str(tmp_path / "in" / "b.pdf")]), FakeEngine(),
+                         options(tmp_path, formats=("md", "jsonl")))
+    assert [d.status for d in mixed.documents] == ["skipped", "failed"]
+    assert mixed.exit_code == ExitCode.PAGES_FAILED
     # a missing secondary output means the set is incomplete: redo it
     (tmp_path / "out" / "a.jsonl").unlink()
     assert run_pipeline(docs, FakeEngine(), options(tmp_path, formats=("md", "jsonl"))).documents[0].status == "written"

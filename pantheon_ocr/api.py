@@ -68,6 +68,7 @@ class Reader:
         from .engine.loader import load_page_engine
         from .engine.threads import set_threads, stage_threads
         from .modelfiles.resolve import resolve_model
+        from .pipeline.inputs import validate_page_spec
 
         unknown = sorted(set(options) - _ENGINE - _PIPELINE - _SAMPLING)
         if unknown:
@@ -77,6 +78,7 @@ class Reader:
         self._pipeline_kw = {k: v for k, v in options.items() if k in _PIPELINE}
         self.sampling = SamplingOptions(**{k: v for k, v in options.items() if k in _SAMPLING})
         PipelineOptions(out_dir=".", sampling=self.sampling, **self._pipeline_kw)  # every value checked now
+        validate_page_spec(self._pipeline_kw.get("pages"))  # and the page selection, before the model loads
         text, proj = resolve_model(model, mmproj)
         self.engine_options = EngineOptions(text, proj, **engine_kw)
         threads = stage_threads(self.engine_options.threads, self._pipeline_kw.get("overlap"))
@@ -133,12 +135,18 @@ class Reader:
     def transcribe(self, inputs: Iterable[str | bytes | os.PathLike], out_dir: str | bytes | os.PathLike,
                    on_progress: Callable | None = None, **overrides):
         """Write every document's outputs under `out_dir`, as `pantheon-ocr transcribe` does;
-        the RunSummary (documents and their status, failures, unreadable inputs)."""
+        the RunSummary (documents and their status, failures, unreadable inputs). Ctrl-C stops it
+        with RunInterrupted (a KeyboardInterrupt carrying the summary) once the documents already
+        finished are written."""
         from .pipeline.inputs import expand_inputs
         from .pipeline.run import run_pipeline
-        from .pipeline.types import PageFailure, RunSummary
+        from .pipeline.types import PageFailure, RunInterrupted, RunSummary
 
         from .pipeline.outputs import check_output_folder
+
+        if not isinstance(out_dir, (str, bytes, os.PathLike)) or not os.fsdecode(out_dir).strip():
+            raise UsageError(f"out_dir: {'an empty path' if isinstance(out_dir, (str, bytes)) else repr(out_dir)}: "
+                             "give the folder the outputs go to")
 
         options = self.options(out_dir, **overrides)
         self._engine()
@@ -154,8 +162,11 @@ class Reader:
         unreadable = tuple(PageFailure(e.path, None, e.problem) for e in problems)
         if not documents:
             return RunSummary((), unreadable=unreadable)
-        summary = run_pipeline(documents, self._engine(), options, on_progress=on_progress)
-        return dataclasses.replace(summary, unreadable=unreadable)
+        summary = dataclasses.replace(run_pipeline(documents, self._engine(), options, on_progress=on_progress),
+                                      unreadable=unreadable)
+        if summary.interrupted:  # the pipeline stopped cleanly; the caller's Ctrl-C goes on to the caller
+            raise RunInterrupted(summary)
+        return summary
 
     def _stream(self, documents, options: PipelineOptions) -> Iterator[Page]:
         """Run the pipeline on a thread of its own and hand its pages over, each document's in
@@ -276,6 +287,8 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
     UsageError for what is no image at all (a number, None); InputError, naming the image by its
     place in the list, for an image that cannot be read (undecodable bytes, an odd array)."""
     if isinstance(source, (str, os.PathLike)):
+        if not os.fspath(source).strip():  # Path("") is ".": never the current folder
+            raise InputError(repr(os.fspath(source)), "an empty path (an unset variable?): give a file, folder or pattern")
         return Path(source)
     if _path_bytes(source) and os.path.exists(source):
         return Path(os.fsdecode(source))  # a path as bytes (as os.listdir(b".") gives them), not an image's bytes

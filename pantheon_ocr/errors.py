@@ -151,6 +151,18 @@ class WriteError(PantheonError):
     exit_code = ExitCode.CANNOT_WRITE
 
 
+class ContextFull(PantheonError, ValueError):
+    """A sequence longer than the model's context (its KV cache holds n_ctx positions): a prompt
+    too long, or a benchmark asking for more tokens than the model takes. A ValueError too."""
+
+    exit_code = ExitCode.BAD_ARGUMENTS
+
+    def __init__(self, n_tokens: int, n_ctx: int):
+        self.n_tokens, self.n_ctx = n_tokens, n_ctx
+        super().__init__(f"a sequence of {n_tokens:,} tokens does not fit a context of {n_ctx:,} (the model's, or its "
+                         "cache's): fewer tokens, or a model with a longer context")
+
+
 class ResourceError(PantheonError):
     """The process ran out of something the system rations: memory, open files, processes."""
 

@@ -214,7 +214,8 @@ class PipelineOptions:
                                       cli_name="format")
     page_files: bool = option(False, "Also write one file per page.")
     overwrite: bool = False  # else documents whose outputs exist (from the same source) are skipped
-    pages: str | None = option(None, "Pages to read in every document, e.g. 1-3,7.", kind="str")
+    pages: str | None = option(None, "Pages to read in every document, counted from 1: e.g. 1-3,7; 5- is page 5 to "
+                                     "the last, -3 is pages 1 to 3.", kind="str")
     password: str | None = option(None, "Password for encrypted PDFs.", kind="str")
     sampling: SamplingOptions = SamplingOptions()
     batch_size: int = option(8, "Pages decoded together.", lo=1, hi=256)

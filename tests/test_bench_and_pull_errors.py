@@ -78,6 +78,14 @@ def test_bench_json_that_is_a_folder_is_refused_before_anything_runs(command, tm
     assert out == "" and err == f"error: --json {tmp_path}: a folder, not a file\n"
 
 
+@pytest.mark.parametrize("command", list(BENCHES))
+def test_bench_json_that_is_empty_is_refused_before_anything_runs(command, capsys, nothing_may_run):
+    """--json "$OUT" with OUT unset: the figures would be lost without a word."""
+    assert main([*BENCHES[command], "--json", ""]) == ExitCode.BAD_ARGUMENTS
+    assert capsys.readouterr().err == ("error: --json: an empty path (an unset shell variable?): give the file the "
+                                       "figures go to\n")
+
+
 def test_bench_json_relative_path_is_named_as_given(tmp_path, capsys, monkeypatch, nothing_may_run):
     monkeypatch.chdir(tmp_path)
     Path("results").write_text("a file where the folder should be\n")

@@ -376,3 +376,34 @@ def test_a_low_limit_of_open_files(tmp_path):
     soft = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           preexec_fn=limit(16, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     assert soft.returncode == 0, soft.stderr
+
+
+def test_generate_says_what_does_not_fit_and_what_is_no_text(tmp_path):
+    """A prompt longer than the model's context, or one that ends past it, and bytes that are no
+    UTF-8: one line each, never an internal error (a ValueError, a TypeError from the tokenizer)."""
+    model = ROOT / "pantheon_ocr" / "bundled" / "reader" / "pantheon-reader.gguf"
+    code, _, err = run("generate", "--model", model, "--prompt", "word " * 600)
+    assert code == 2 and err == ("error: --prompt is 1,200 tokens: the model's context holds 512, and at least one new "
+                                 "token must fit\n")
+    code, out, err = run("generate", "--model", model, "--prompt", "word " * 253, "--max-tokens", 100,
+                         "--temperature", 2, "--seed", 2)
+    assert code == 0 and err == "note: at most 6 new tokens fit the model's context of 512 after the prompt's 506\n"
+    proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", "generate", "--model", str(model), "--prompt", "-"],
+                          input=b"ab\xff", capture_output=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stderr == b"error: --prompt is not UTF-8 text (byte 2): give it as UTF-8\n"
+    proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.cli", "generate", "--model", str(model), "--prompt",
+                           b"\xff\xfe x"], capture_output=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and b"--prompt is not UTF-8 text (byte 0)" in proc.stderr
+
+
+def test_pages_cut_at_max_tokens_and_too_many_threads_are_said(tmp_path):
+    """A --max-tokens too low cuts every page: written and marked in the Markdown, and now said
+    where the person looks, on standard error; as is --threads above the cores."""
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", DOCS / "scanned.pdf", "--model", MODEL, "-o", tmp_path,
+                       "--max-tokens", 1, "--no-progress", "--threads", os.cpu_count() + 3)
+    assert code == 0, err
+    assert ("note: 2 pages stopped at --max-tokens: their text is cut short (<!-- page N stopped: max_tokens -->); "
+            "a higher --max-tokens reads on") in err.splitlines()
+    assert f"note: threads {os.cpu_count() + 3} is more than the " in err
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "b", "--no-progress")
+    assert code == 0 and "stopped at --max-tokens" not in err and "more than the" not in err

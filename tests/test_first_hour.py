@@ -16,6 +16,7 @@ from PIL import Image
 
 import pantheon_ocr
 from fake_engine import make_samples_module
+from pantheon_ocr.errors import ExitCode, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "samples" / "docs"
@@ -203,6 +204,51 @@ def test_text_layer_prefer_on_the_command_line(tmp_path):
     old = cli("transcribe", src, "--no-text-fallback", "--model", MODEL, "-o", tmp_path / "o2", "--format", "jsonl",
               "--no-progress", "--max-tokens", "2")  # the old spelling still works: never the text layer
     assert old.returncode == 0 and '"source": "model"' in (tmp_path / "o2" / "t.jsonl").read_text()
+
+
+_API_CTRL_C = """
+import os, signal, sys, threading
+import pantheon_ocr
+from pantheon_ocr.pipeline.types import RunInterrupted
+reader = pantheon_ocr.Reader(sys.argv[1], max_tokens=200, render_workers=1, batch_size=1)
+threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    reader.transcribe([sys.argv[2]], sys.argv[3])
+except RunInterrupted as e:
+    print("stopped", e.summary.interrupted, isinstance(e, KeyboardInterrupt))
+    sys.exit(0)
+print("carried on")
+"""
+
+
+def test_ctrl_c_in_the_apis_transcribe_reaches_the_caller(tmp_path):
+    """A script's Ctrl-C stops it: transcribe raises RunInterrupted (a KeyboardInterrupt holding
+    the summary) once the finished documents are written, never returns as if all went well."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        (src / f"d{i}.pdf").write_bytes((DOCS / "report-3pages.pdf").read_bytes())
+    proc = subprocess.run([sys.executable, "-c", _API_CTRL_C, str(MODEL), str(src), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "stopped True True\n", proc.stdout + proc.stderr
+
+
+def test_empty_paths_are_refused_not_read_as_the_current_folder(reader, tmp_path, monkeypatch):
+    """An unset "$IN" or "$OUT" is an empty string, and Path("") is ".": never the current folder."""
+    (tmp_path / "here.pdf").write_bytes((DOCS / "text-1page.pdf").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    proc = cli("transcribe", "", "-o", tmp_path / "out", "--model", MODEL, "--no-progress")
+    assert proc.returncode == ExitCode.INPUT_UNREADABLE and "'': an empty path (an unset shell variable?)" in proc.stderr
+    proc = cli("transcribe", DOCS / "text-1page.pdf", "-o", "", "--model", MODEL, "--no-progress")
+    assert proc.returncode == 2 and "error: -o/--output: an empty path" in proc.stderr
+    assert not (ROOT / "text-1page.md").exists() and not (tmp_path / "out").exists()
+    assert [p.page for p in reader.read("")] == [0]
+    with pytest.raises(UsageError, match="out_dir: an empty path"):
+        reader.transcribe([str(DOCS / "text-1page.pdf")], "")
+    with pytest.raises(UsageError, match="model: an empty path"):
+        pantheon_ocr.Reader("")
+    with pytest.raises(UsageError, match="model: must be a path or a model's name, not int"):
+        pantheon_ocr.Reader(5)
 
 
 def test_sigterm_stops_transcribe_with_130_and_writes_nothing_half(tmp_path):

@@ -188,3 +188,24 @@ def test_bench_takes_a_pulled_name(hub, tmp_path, monkeypatch):
     code = main(["bench", "pages", "--model", "acme/tiny-GGUF", "--synthetic", "1", "--max-tokens", "1", "--ignore-eos",
                  "--longest-edge", "112", "--render-workers", "1", "--json", str(tmp_path / "b.json")])
     assert code == 0 and (tmp_path / "b.json").is_file()
+
+
+def test_settings_and_caches_that_are_broken_are_said_not_internal_errors(hub, tmp_path):
+    """HF_ENDPOINT that is no URL: a setting to fix (2), not 'try again later'; a ref file of the
+    cache that is no text: the list goes on; an answer huggingface_hub trips over (its own cache
+    file of another shape, say) is a passing fault (69), not a bad model (3)."""
+    from pantheon_ocr.errors import ExitCode, NetworkError
+    from pantheon_ocr.modelfiles import catalog, hub as hub_module
+
+    for endpoint, words in (("http://[::1", "not a URL"), ("ftp://x", "not an http(s) URL"), ("not a url", "not an")):
+        r = cli("models", "pull", "acme/tiny-GGUF", "--no-progress", hf_home=tmp_path / "hf", endpoint=endpoint)
+        assert r.returncode == ExitCode.BAD_ARGUMENTS and r.stderr.startswith(f"error: HF_ENDPOINT {endpoint!r}: {words}")
+    home = tmp_path / "hf2"
+    assert cli("models", "pull", "acme/tiny-GGUF", "--no-progress", hf_home=home, endpoint=hub.endpoint).returncode == 0
+    (home / "hub" / "models--acme--tiny-GGUF" / "refs" / "main").write_bytes(b"\xff\xfe")
+    r = cli("models", "list", hf_home=home)
+    assert r.returncode == 0 and "acme/tiny-GGUF" in r.stdout, r.stderr
+    error = hub_module._hub_error(catalog.parse_name("acme/tiny-GGUF"), None,
+                                  AttributeError("'list' object has no attribute 'get'"))
+    assert isinstance(error, NetworkError) and error.exit_code == ExitCode.NETWORK
+    assert "could not be used: AttributeError: 'list' object has no attribute 'get'; try again later" in str(error)

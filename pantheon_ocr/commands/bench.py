@@ -72,8 +72,10 @@ def _check_json(path: str | None) -> None:
     folder is made if missing, as transcribe's output folder is."""
     from ..pipeline.outputs import check_output_folder
 
-    if not path:
+    if path is None:
         return
+    if not path.strip():  # an unset "$OUT": the figures would be lost without a word
+        raise UsageError("--json: an empty path (an unset shell variable?): give the file the figures go to")
     p = Path(path)
     if p.is_symlink():  # the atomic writer never writes through a link: refuse it now, not at the end
         raise WriteError(f"--json {path_text(p)}: a symbolic link: the file is not written through a link")

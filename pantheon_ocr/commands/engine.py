@@ -65,13 +65,26 @@ def generate(model_path, prompt, chat, max_tokens, weights, temperature, top_p, 
     from ..engine.loader import load_model
 
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
     if not prompt:
         raise UsageError("--prompt is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes that are no UTF-8 (an argument or standard input as they came)
+        raise UsageError(f"--prompt is not UTF-8 text (byte {e.start}): give it as UTF-8") from None
     model = load_model(model_path, weights=weights)
     tok = model.tokenizer
     text = tok.chat_prompt([{"role": "user", "content": prompt}]) if chat else prompt
     ids = tok.encode(text, add_special=True, parse_special=chat)
+    cfg = model.decoder.cfg
+    if not cfg.sliding_window:  # a full-attention model holds n_ctx positions, prompt and new tokens together
+        if len(ids) >= cfg.n_ctx:
+            raise UsageError(f"--prompt is {len(ids):,} tokens: the model's context holds {cfg.n_ctx:,}, and at least "
+                             "one new token must fit")
+        if len(ids) + max_tokens > cfg.n_ctx:
+            max_tokens = cfg.n_ctx - len(ids)
+            click.echo(f"note: at most {max_tokens:,} new tokens fit the model's context of {cfg.n_ctx:,} "
+                       f"after the prompt's {len(ids):,}", err=True)
     stream = tok.stream_decoder(skip_special=True)
     for t in model.stream(ids, max_tokens, temperature, top_p, seed):
         if t in tok.eos_ids:

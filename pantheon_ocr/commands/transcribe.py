@@ -39,11 +39,14 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..pipeline.inputs import expand_inputs
     from ..pipeline.naming import HEADER_PREFIX
     from ..pipeline.outputs import check_output_folder
+    from ..pipeline.types import RunInterrupted
     from .common import echo_notes, echo_summary, sigterm_as_interrupt
     from .progress import progress_bar
 
     if text_fallback is not None:
         text_layer = "fallback" if text_fallback else "ocr"
+    if not output.strip():  # Path("") is ".": an unset "$OUT" would write into the current folder
+        raise UsageError("-o/--output: an empty path (an unset shell variable?): give a folder, or - for standard output")
     to_stdout = output == "-"
     scratch = None
     if to_stdout and page_files:  # they would be written to the scratch folder and lost with it
@@ -69,8 +72,11 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         echo_notes(reader.notes)
-        summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
-                                    overwrite=not skip_existing)
+        try:
+            summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
+                                        overwrite=not skip_existing)
+        except RunInterrupted as stopped:  # said with what was done, exit 130
+            summary = stopped.summary
     if to_stdout:
         printed = [(d, out) for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
         for d, out in printed:

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import ContextFull
 from ..options import TORCH_STORAGES
 from .attention import DECODE_BLOCK, KV_BLOCK, TowerOptions, padded_decode_attention
 from .ops import from_bf16_bits, to_bf16_bits
@@ -254,7 +255,7 @@ class KVCache:
     def room(self, layer: int, pos0: int, t: int) -> int:
         """Make room in `layer` for positions pos0 .. pos0+t-1 (not a ring); the slot."""
         if pos0 + t > self.max_seq:
-            raise ValueError(f"sequence of {pos0 + t} tokens exceeds the context of {self.max_seq}")
+            raise ContextFull(pos0 + t, self.max_seq)
         slot = self.held_slot()
         self.pool.reserve(layer, slot, pos0 + t, self.max_seq)
         return slot

@@ -160,12 +160,29 @@ def _show(names, limit: int = 6) -> str:
 
 
 # -- the Hugging Face cache (its layout is huggingface_hub's; HF_HOME and HF_HUB_CACHE say where) --
+def hf_constants():
+    """huggingface_hub's settings, read from the environment on import; UsageError naming
+    HF_ENDPOINT where it is no http(s) URL (its import raises a bare ValueError then)."""
+    from urllib.parse import urlsplit
+
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
+    if endpoint:
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018 - a port that is no number raises here
+        except ValueError as e:
+            raise UsageError(f"HF_ENDPOINT {endpoint!r}: not a URL ({e})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"HF_ENDPOINT {endpoint!r}: not an http(s) URL of a Hub (like https://huggingface.co)")
+    from huggingface_hub import constants  # cheap: only the settings read from the environment
+
+    return constants
+
+
 def hub_cache(cache_dir: str | os.PathLike | None = None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
-    from huggingface_hub import constants  # cheap: only the settings read from the environment
-
-    return Path(constants.HF_HUB_CACHE)
+    return Path(hf_constants().HF_HUB_CACHE)
 
 
 def repo_dir(repo: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -180,7 +197,10 @@ def snapshot_dir(repo: str, revision: str | None = None, cache_dir: str | os.Pat
         commit = rev
         ref = root / "refs" / rev
         if ref.is_file():
-            commit = ref.read_text().strip()
+            try:
+                commit = ref.read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError):  # damaged: no commit of ours; the newest snapshot stands in
+                commit = ""
         snap = root / "snapshots" / commit
         if _PART.fullmatch(commit) and snap.is_dir():  # a ref holding `..` or a path does not lead out
             return snap

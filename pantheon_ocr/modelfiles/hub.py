@@ -81,7 +81,7 @@ def pull(name: str, quant: str | None = None, revision: str | None = None, *, pr
     """Download (or find up to date in the cache) the text GGUF and the mmproj GGUF of `name`,
     verify both, and only then make them visible in the cache. `limits`: transfer.Limits (None:
     the defaults and PANTHEON_HUB_*). Errors: see the module docstring."""
-    from huggingface_hub import constants
+    constants = catalog.hf_constants()
 
     ref = catalog.parse_name(name, quant)
     if ref is None:
@@ -296,7 +296,7 @@ def _local(where: str, call: Callable) -> Callable:
     regular file that read fails with NotADirectoryError, an OSError that transfer.ask would
     otherwise take for a broken connection (exit 69) and send the user looking at the network.
     Network errors carry no file name; a local file's do."""
-    from huggingface_hub import constants
+    constants = catalog.hf_constants()
 
     def run():
         try:
@@ -310,7 +310,7 @@ def _local(where: str, call: Callable) -> Callable:
 
 
 def _hub_error(ref: catalog.ModelRef, revision: str | None, e: Exception, filename: str | None = None,
-               endpoint: str | None = None) -> ModelError:
+               endpoint: str | None = None) -> ModelError | NetworkError:
     """The Hub's answer (not a network failure) as one line: no such repo, revision or file, gated."""
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -333,6 +333,11 @@ def _hub_error(ref: catalog.ModelRef, revision: str | None, e: Exception, filena
                    + (f"; known names: {', '.join(catalog.KNOWN)}" if ref.short is None else ""))
     elif isinstance(e, EntryNotFoundError) or status == 404:
         problem = f"listed at commit {str(revision)[:12]}, but the Hub answered 404 (not found) for it"
+    elif isinstance(e, (AttributeError, TypeError, KeyError, IndexError, ValueError)) and status is None:
+        # no answer of the Hub's: huggingface_hub tripped over one it could not use, or over one of its
+        # own cache files (a JSON of another shape): a passing fault, not a bad model (exit 69)
+        return NetworkError(where, f"the Hub's answer (or huggingface_hub's cache of one, under HF_HOME) could not "
+                                   f"be used: {type(e).__name__}: {transfer.one_line(e)}; try again later")
     else:
         problem = f"the Hub refused: {type(e).__name__}{f' (HTTP {status})' if status else ''}: {transfer.one_line(e)}"
     return ModelError(where, problem)

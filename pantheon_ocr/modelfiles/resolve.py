@@ -6,6 +6,7 @@ reader bundled in the package. Finding files is not inference, so it lives outsi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import ModelError, OptionError, UsageError
@@ -39,6 +40,11 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
             return bundled_reader()
         raise UsageError(NO_MODEL) if mmproj is None else OptionError(
             "model", "required with an mmproj (a text GGUF, or a folder with the text and mmproj GGUFs)")
+    for name, value in (("model", model), ("mmproj", mmproj)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise OptionError(name, f"must be a path or a model's name, not {type(value).__name__}")
+        if value is not None and not os.fspath(value).strip():  # Path("") is "."
+            raise OptionError(name, "an empty path (an unset shell variable?): give a file, folder or model name")
     text, proj = Path(model), Path(mmproj) if mmproj is not None else None
     if not text.exists() and parse_name(str(model)) is not None:
         pulled = local_pair(str(model))

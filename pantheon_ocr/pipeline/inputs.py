@@ -162,6 +162,9 @@ def _check_file(path: str | os.PathLike, st: os.stat_result, bad) -> bool:
 
 
 def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
+    if not item.strip():  # Path("") is ".": an unset "$IN" would read the whole current folder
+        bad(InputError(repr(item), "an empty path (an unset shell variable?): give a file, folder or pattern"))
+        return []
     p = Path(item).expanduser()
     if glob.has_magic(item) and not os.path.lexists(p):
         base = _glob_base(item)

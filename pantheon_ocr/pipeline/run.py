@@ -121,7 +121,7 @@ class _Run:
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
-        self.pages_done = self.pages_failed = self.tokens = 0
+        self.pages_done = self.pages_failed = self.tokens = self.pages_cut = 0
         self.t0 = self.last_progress = time.perf_counter()
         self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
@@ -151,6 +151,7 @@ class _Run:
             pages_done=self.pages_done,
             tokens=self.tokens,
             seconds=time.perf_counter() - self.t0,
+            pages_cut=self.pages_cut,
         )
 
     def _plan(self) -> None:
@@ -243,6 +244,7 @@ class _Run:
         self.pages_done += 1
         self.tokens += result.n_tokens
         self.pages_failed += result.error is not None
+        self.pages_cut += result.error is None and result.finish_reason == "max_tokens"
         if self.on_page is not None:
             self.on_page(result)
         state = self.states[result.doc.doc_id]

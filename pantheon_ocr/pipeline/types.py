@@ -126,6 +126,16 @@ class PageFailure:
 NO_SELECTED_PAGE = "none of the selected pages exists"
 
 # unwritten = its pages were read but its outputs could not be written (exit code 73)
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, where the command line maps it) stopped a run: raised after the
+    documents finished before it are written; `summary` is the RunSummary of what was done. A
+    KeyboardInterrupt, so a caller that does not care stops as on any other Ctrl-C."""
+
+    def __init__(self, summary: "RunSummary"):
+        super().__init__("interrupted")
+        self.summary = summary
+
+
 DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted", "unwritten"]
 
 
@@ -165,6 +175,7 @@ class RunSummary:
     tokens: int = 0
     seconds: float = 0.0
     unreadable: tuple[PageFailure, ...] = ()  # input paths that never became documents (missing, FIFO, ...)
+    pages_cut: int = 0  # pages (or a line of them) that stopped at max_tokens: their text is cut short
 
     @property
     def failed_pages(self) -> list[PageFailure]:

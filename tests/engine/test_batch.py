@@ -133,7 +133,7 @@ def test_a_decode_steps_kv_is_written_in_one_store_with_the_bits_of_one_write_ea
         for a, b in zip(one, many):
             assert a.dtype == b.dtype and np.array_equal(a, b)
     assert pools[0].used == pools[1].used == [n + 1 for n in lengths]
-    with pytest.raises(ValueError, match="exceeds the context"):
+    with pytest.raises(ValueError, match="does not fit a context"):
         write_step(caches[1], 0, [64, 1, 1, 1], k, v)
 
 

@@ -203,7 +203,7 @@ def test_kv_cache_growth_keeps_contents():
         np.testing.assert_array_equal(p, np.arange(pos))
     assert caps == sorted(caps) and caps[-1] == 1024  # grows in whole KV blocks, never past max_seq's
     assert keys(cache)[0].shape[1] == 256  # layers grow independently
-    with pytest.raises(ValueError, match="exceeds the context"):
+    with pytest.raises(ValueError, match="does not fit a context"):
         cache.write(1, pos, k[:, :1], v[:, :1])
 
 

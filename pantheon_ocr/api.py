@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError, UsageError
+from .errors import InputError, UsageError, path_text
 from .options import EngineOptions, PipelineOptions, SamplingOptions, specs
 
 __all__ = ["Page", "Reader"]
@@ -205,6 +205,11 @@ class Reader:
             stop.set()
             worker.join(timeout=10)
 
+    def __reduce__(self):
+        # a loaded model (mapped files, threads) does not travel: each process makes its own
+        raise TypeError("a Reader holds a loaded model and cannot be pickled: make one in each process "
+                        "(Reader(model, **options)), or send the paths and options")
+
     def close(self) -> None:
         """Release the engine (its weights and KV pool)."""
         self.engine = None
@@ -309,6 +314,8 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
             why = "unknown or damaged format" if isinstance(e, UnidentifiedImageError) else str(e)  # not PIL's BytesIO repr
             problem = "no bytes" if not data else f"not a readable image ({len(data):,} bytes): {why}"
+            if data and _path_bytes(bytes(data)) and (b"/" in data or b"." in data):  # bytes that read as a path
+                problem += f", nor the name of a file that exists ({path_text(bytes(data))})"
             raise InputError(name, problem) from None
     elif not isinstance(source, Image.Image):
         import numpy as np

@@ -407,3 +407,10 @@ def test_pages_cut_at_max_tokens_and_too_many_threads_are_said(tmp_path):
     assert f"note: threads {os.cpu_count() + 3} is more than the " in err
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "b", "--no-progress")
     assert code == 0 and "stopped at --max-tokens" not in err and "more than the" not in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a /proc file system")
+def test_an_output_folder_that_makes_no_files_is_said_so():
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "/proc", "--no-progress")
+    assert code == 73 and err == ("error: /proc: cannot write in the output folder: files cannot be made in it (a virtual "
+                                  "file system such as /proc?)\n")

@@ -4,6 +4,7 @@ not have, SIGTERM, the text-layer choice on the command line, `archive report`."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def test_pdf_bytes_and_bytes_paths_are_documents(reader, tmp_path):
     assert [(p.document, p.ok) for p in reader.read(path)] == [(str(DOCS / "text-1page.pdf"), True)]
     (bad,) = reader.read(b"garbage")
     assert bad.error == "not a readable image (7 bytes): unknown or damaged format"  # no BytesIO repr
+    (gone,) = reader.read(b"/no/such/scan.pdf")  # a path as bytes, to a file that is not there
+    assert gone.error == ("not a readable image (17 bytes): unknown or damaged format, nor the name of a file that "
+                          "exists (/no/such/scan.pdf)")
     summary = reader.transcribe([path], bytes(tmp_path / "out"))
     assert [d.status for d in summary.documents] == ["written"] and (tmp_path / "out" / "text-1page.md").is_file()
 
@@ -249,6 +253,11 @@ def test_empty_paths_are_refused_not_read_as_the_current_folder(reader, tmp_path
         pantheon_ocr.Reader("")
     with pytest.raises(UsageError, match="model: must be a path or a model's name, not int"):
         pantheon_ocr.Reader(5)
+    import pickle
+
+    with pytest.raises(TypeError, match="a Reader holds a loaded model and cannot be pickled"):
+        pickle.dumps(reader)
+    assert pantheon_ocr.Reader(os.fsencode(MODEL), max_tokens=2).engine is not None  # a path as bytes
 
 
 def test_sigterm_stops_transcribe_with_130_and_writes_nothing_half(tmp_path):

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from ..errors import path_text
+
 # The limits of modelfiles/transfer.py, as this command shows them: flag (if any), variable.
 LIMIT_FLAGS = {"timeout": "--timeout or PANTHEON_HUB_TIMEOUT", "deadline": "--deadline or PANTHEON_HUB_DEADLINE",
                "min_rate": "PANTHEON_HUB_MIN_RATE", "max_wait": "PANTHEON_HUB_MAX_WAIT"}
@@ -55,7 +57,7 @@ def pull(name, quant, revision, progress, timeout, deadline) -> None:
             raise NetworkError(e.where, f"{e.problem} (limit: {LIMIT_FLAGS[e.setting]})", e.setting) from None
         raise
     for path in (got.text, got.mmproj):
-        click.echo(f"{path} ({path.stat().st_size / 1e6:,.1f} MB)")
+        click.echo(f"{path_text(path)} ({path.stat().st_size / 1e6:,.1f} MB)")
     click.echo(f"ready: pantheon-ocr transcribe DOCS --model {name}" + (f":{quant.upper()}" if quant else ""), err=True)
 
 
@@ -86,10 +88,11 @@ def list_(known) -> None:
         return
     for m in found:
         total = sum(f.size for f in m.files)
-        click.echo(f"{m.name}  ({m.repo}, revision {m.revision[:12]}, {total / 1e6:,.1f} MB)")
+        click.echo(f"{path_text(m.name)}  ({path_text(m.repo)}, revision {path_text(m.revision[:12])}, "
+                   f"{total / 1e6:,.1f} MB)")
         for f in m.files:
             _file_line("mmproj" if f.mmproj else "text  ", f.quant or "?", f.size, f.path)
 
 
 def _file_line(kind: str, quant: str, size: int, path) -> None:
-    click.echo(f"  {kind} {quant:7} {size / 1e6:10,.1f} MB  {path}")
+    click.echo(f"  {kind} {quant:7} {size / 1e6:10,.1f} MB  {path_text(path)}")

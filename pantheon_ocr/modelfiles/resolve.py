@@ -40,6 +40,7 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
             return bundled_reader()
         raise UsageError(NO_MODEL) if mmproj is None else OptionError(
             "model", "required with an mmproj (a text GGUF, or a folder with the text and mmproj GGUFs)")
+    model, mmproj = (os.fsdecode(v) if isinstance(v, bytes) else v for v in (model, mmproj))  # paths as bytes
     for name, value in (("model", model), ("mmproj", mmproj)):
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise OptionError(name, f"must be a path or a model's name, not {type(value).__name__}")

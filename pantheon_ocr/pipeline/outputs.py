@@ -135,7 +135,10 @@ def check_output_folder(folder: str | os.PathLike, what: str = "output folder", 
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise WriteError(f"{path_text(path)}: cannot write in the {what}: {e.strerror or e}") from None
+        # ENOENT for a folder that is there: a file system that makes no files (/proc, /sys)
+        why = ("files cannot be made in it (a virtual file system such as /proc?)" if e.errno == errno.ENOENT
+               and path.is_dir() else e.strerror or e)
+        raise WriteError(f"{path_text(path)}: cannot write in the {what}: {why}") from None
 
 
 def atomic_write_files(files: Sequence[tuple[Path, bytes]], root: str | os.PathLike | None = None) -> None:

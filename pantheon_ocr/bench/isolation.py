@@ -50,8 +50,7 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
         result["peak_rss_mb"] = peak_rss_mb()
     else:
         payload = json.dumps({"func": func, "kwargs": kwargs, "threads": threads})
-        proc = subprocess.run([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = _run_child([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload])
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
         errors = [ln for ln in proc.stdout.splitlines() if ln.startswith(_ERROR_MARK)]
         if errors:  # a typed error (a bad model file, a setting that cannot work): said as in-process
@@ -65,6 +64,21 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
     result["load_avg_after"] = round(os.getloadavg()[0], 2)
     result["wall_s"] = time.perf_counter() - t0
     return result
+
+
+def _run_child(argv: list[str]) -> subprocess.CompletedProcess:
+    """subprocess.run, but a Ctrl-C (which the child gets too, from the terminal) leaves the child
+    time to stop and remove its temp folders: subprocess.run kills it after a quarter second."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            out, err = child.communicate()
+        except KeyboardInterrupt:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
 def _call(func: str, kwargs: dict[str, Any]) -> dict:

@@ -76,8 +76,8 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
         lines += [f"  {f}" for f in list(summary.unreadable) + doc_failures + page_failures]
     if summary.pages_cut:  # written, and marked in the Markdown, but a page cut short is easy to miss
         lines.append(f"note: {count(summary.pages_cut, 'page')} stopped at --max-tokens: "
-                     f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (<!-- page N stopped: "
-                     "max_tokens -->); a higher --max-tokens reads on")
+                     f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (marked 'stopped: "
+                     "max_tokens' in the Markdown); a higher --max-tokens reads on")
     if summary.interrupted:
         lines.append("interrupted: finished documents are complete, the rest was not written")
     by_status: dict[str, int] = {}

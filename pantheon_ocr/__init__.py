@@ -9,11 +9,15 @@ The command line (`pantheon-ocr`) runs the same pipeline; see pantheon_ocr/api.p
 """
 
 __version__ = "0.1.0"
-__all__ = ["Page", "Reader"]
+__all__ = ["Page", "Reader", "RunInterrupted"]
 
 
 def __getattr__(name: str):
     # Lazy: `import pantheon_ocr` (and `pantheon-ocr --help`) stays instant, no numpy loaded.
+    if name == "RunInterrupted":  # what Reader.transcribe raises on Ctrl-C, for callers to catch
+        from .pipeline.types import RunInterrupted
+
+        return RunInterrupted
     if name in __all__:
         from . import api
 

@@ -134,7 +134,7 @@ def _main(args: list[str], verbose: bool) -> int:
             return _internal(exc, verbose)
         if verbose:
             traceback.print_exc()
-        click.echo(f"error: too many open files: {open_files_limit()}", err=True)
+        click.echo(f"error: too many open files: {open_files_limit(exc.errno)}", err=True)
         return ExitCode.OUT_OF_RESOURCES
     except Exception as exc:  # a bug: say so in one line unless -v
         return _internal(exc, verbose)

@@ -37,20 +37,28 @@ def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bo
     return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE
 
 
-# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (a name that reorders the
-# line it is printed on: "Trojan source"); each shown as an escape, never acted on by a terminal
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls, DEL, the line and paragraph separators, and the bidirectional marks,
+# overrides and isolates (a name that reorders the line it is printed on: "Trojan source");
+# each shown as an escape, never acted on by a terminal
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def path_text(path: object) -> str:
-    """A file name as text for people, Markdown, JSON, reports: always valid UTF-8, on one line.
-    Names are bytes on POSIX and Python keeps undecodable bytes as lone surrogates, which cannot be
-    written as UTF-8; each such byte is shown as `\\xNN` (e.g. b'\\xff.pdf' -> '\\xff.pdf'). A
-    control character (a newline, an escape sequence, a bidirectional override) is shown escaped
-    too (`\\n`, `\\x1b`, `\\u202e`): a name never breaks a line of a log in two or drives the terminal."""
+def path_record(path: object) -> str:
+    """A file name as the outputs and the job state record it, and compare it: always valid UTF-8,
+    every character kept. Names are bytes on POSIX and Python keeps undecodable bytes as lone
+    surrogates, which cannot be written as UTF-8; each such byte is written `\\xNN` (e.g.
+    b'\\xff.pdf' -> '\\xff.pdf'). JSON and the reports escape what they need themselves."""
     raw = os.fsencode(path if isinstance(path, (str, bytes, os.PathLike)) else str(path))
-    text = raw.decode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def path_text(path: object) -> str:
+    """A file name as people read it, in messages and summary lines: path_record's text with each
+    control character escaped (`\\n`, `\\x1b`, `\\u202e`), so that a name never breaks a line of a
+    log in two or drives the terminal. For showing only: two names can show alike (a tab and a
+    backslash-t), so what is recorded and compared is path_record's."""
+    text = path_record(path)
     return _CONTROLS.sub(_escaped, text) if _CONTROLS.search(text) else text
 
 
@@ -173,8 +181,11 @@ class ResourceError(PantheonError):
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
-def open_files_limit() -> str:
-    """`the limit of open files (ulimit -n) is N`, for messages about running out of them."""
+def open_files_limit(err: int = errno.EMFILE) -> str:
+    """`the limit of open files (ulimit -n) is N`, for messages about running out of them; for
+    ENFILE (the whole system's table is full) the system's limit."""
+    if err == errno.ENFILE:
+        return "the system's limit of open files (fs.file-max) is reached: close programs, or raise it"
     try:
         import resource
 

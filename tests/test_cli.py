@@ -402,8 +402,8 @@ def test_pages_cut_at_max_tokens_and_too_many_threads_are_said(tmp_path):
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", DOCS / "scanned.pdf", "--model", MODEL, "-o", tmp_path,
                        "--max-tokens", 1, "--no-progress", "--threads", os.cpu_count() + 3)
     assert code == 0, err
-    assert ("note: 2 pages stopped at --max-tokens: their text is cut short (marked 'stopped: max_tokens' in the "
-            "Markdown); a higher --max-tokens reads on") in err.splitlines()
+    assert ("note: 2 pages stopped at --max-tokens: their text is cut short (marked stopped at max_tokens in the "
+            "outputs); a higher --max-tokens reads on") in err.splitlines()
     assert f"note: threads {os.cpu_count() + 3} is more than the " in err
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "b", "--no-progress")
     assert code == 0 and "stopped at --max-tokens" not in err and "more than the" not in err

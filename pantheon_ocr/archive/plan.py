@@ -12,7 +12,7 @@ import re
 import threading
 from pathlib import Path
 
-from ..errors import InputError, path_text
+from ..errors import InputError, path_record, path_text
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
 from ..pipeline.naming import OutputPaths, plan_output_paths
@@ -64,7 +64,7 @@ class Planner:
                 # which the outputs are missing there and get written from the state.
                 # Not a name another document of the job has, nor one whose outputs record
                 # another source (another job or `transcribe` sharing the output folder).
-                output = str(own_name(planned[doc.doc_id], path_text(doc.path), doc.doc_id, taken))
+                output = str(own_name(planned[doc.doc_id], path_record(doc.path), doc.doc_id, taken))
                 row = state.place_document(row, doc, output)
             self.docs[doc.doc_id] = (row["id"], doc)
             # size/mtime are stored only together with the hash they vouch for: a run killed
@@ -158,7 +158,7 @@ class Planner:
         if not had_pages:
             return
         try:
-            removed = remove_own_outputs(OutputPaths(Path(row["output"]), root=self.spec.output), path_text(row["path"]))
+            removed = remove_own_outputs(OutputPaths(Path(row["output"]), root=self.spec.output), path_record(row["path"]))
         except OSError as e:  # a planted link, a folder that cannot be listed: said, and left
             self.log.notes.append(f"{path_text(row['path'])}: cannot remove its outputs of an earlier page selection: "
                                   f"{e.strerror or e}")

@@ -12,7 +12,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..errors import path_text
+from ..errors import PantheonError, path_text
 from ..modelfiles.resolve import resolve_model
 
 _HEAD = 1 << 20  # a GGUF's first MiB: its metadata and the first tensors
@@ -36,7 +36,7 @@ def reading_settings(spec) -> dict:
     m = spec.model
     try:
         text, mmproj = resolve_model(m.name or m.text, m.mmproj)
-    except Exception:  # noqa: BLE001 - said by the run's own model check; here only compared
+    except PantheonError:  # said by the run's own model check; here only compared
         text, mmproj = m.text, m.mmproj
     s, o = spec.ocr.sampling, spec.ocr
     return {"model": _model_file(text), "mmproj": _model_file(mmproj), "max_tokens": s.max_tokens,
@@ -45,11 +45,17 @@ def reading_settings(spec) -> dict:
 
 
 def changes(old: dict, new: dict) -> list[str]:
-    """`max_tokens 1000 -> 5`, `model /m/a.gguf -> /m/b.gguf`: each setting that differs."""
+    """`max_tokens 1000 -> 5`, `model /m/a.gguf -> /m/b.gguf`: each setting that differs. A model
+    file is compared by its size and head, not its name (a copy elsewhere is the same model), and
+    not at all where either side could not be read."""
     out = []
     for key in new:
         a, b = old.get(key), new[key]
-        if a != b:
+        if isinstance(a, dict) and isinstance(b, dict):
+            if "head" not in a or "head" not in b or (a["size"], a["head"]) == (b["size"], b["head"]):
+                continue
+            out.append(f"{key} {a['file']} -> {b['file']}" if a["file"] != b["file"] else f"{key} {b['file']} (another file)")
+        elif a != b:
             shown = [v.get("file") if isinstance(v, dict) else v for v in (a, b)]
-            out.append(f"{key} {shown[0]} -> {shown[1]}" if shown[0] != shown[1] else f"{key} {shown[1]} (another file)")
+            out.append(f"{key} {shown[0]} -> {shown[1]}")
     return out

@@ -26,7 +26,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from ..errors import JobError, path_text
+from ..errors import JobError, path_record, path_text
 from ..pipeline.inputs import Document
 from ..pipeline.naming import OutputPaths, Source
 from ..pipeline.outputs import unescape_markers
@@ -100,7 +100,7 @@ def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Docum
         row = state.document(row_id)
         if row["n_pages"] is None or not row["sha256"]:
             continue
-        source = Source(path_text(doc.path), row["sha256"])
+        source = Source(path_record(doc.path), row["sha256"])
         found = _find_outputs(Path(row["output"]), doc, source, options)
         if found is None:
             continue

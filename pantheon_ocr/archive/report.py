@@ -197,9 +197,7 @@ def job_status(spec) -> dict:
             out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock.stale_after)}
         out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
         # input paths that are no document have no row in the state: the last run's report says them
-        last = state.run_summary(None)
-        out["failures"] += [f for f in json.loads(last[1]).get("failures", []) if f.get("input_path")] if (
-            last and last[1]) else []
+        out["failures"] += _input_path_failures(state.run_summary(None))
     except sqlite3.Error as e:
         raise translate(spec.state, e, spec.path, "read") from None
     finally:
@@ -235,6 +233,15 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     # latest.* are the newest run's: an older run's report written again must not take them
     latest = rid >= max(newest[0] if newest else 0, last_report_run(spec.reports))
     return write_reports(json.loads(summary), spec.reports, rid, latest=latest)
+
+
+def _input_path_failures(last: tuple[int, str | None] | None) -> list[dict]:
+    """The last run's failures of input paths that are no document (they have no row in the state)."""
+    try:
+        failures = json.loads(last[1]).get("failures", []) if last and last[1] else []
+        return [f for f in failures if isinstance(f, dict) and f.get("input_path")]
+    except (ValueError, AttributeError):  # a summary that does not read: the rows' failures stand alone
+        return []
 
 
 def _run_totals(summary: str | None) -> dict:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Any, Callable, Protocol, Sequence
 
-from ..errors import ExitCode, JobError, ModelError, OptionError, PantheonError, UsageError, path_text, run_exit_code
+from ..errors import (ExitCode, JobError, ModelError, OptionError, PantheonError, UsageError, path_record, path_text,
+                      run_exit_code)
 from ..modelfiles.resolve import resolve_model
 from ..options import EngineOptions
 from ..pipeline.inputs import Document
@@ -198,7 +199,8 @@ class _JobRun:
                 # reads it keeps its pages pending, and the next run reads the new version
                 self.stamps = {doc_id: file_stamp(doc) for doc_id, (_, doc) in self.docs.items()}
                 if self.state.must_recover():  # a new state, or a rebuild a kill stopped half-way
-                    recovered = rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
+                    if not self.reread:  # --reread: what the outputs hold is what is to be read again
+                        recovered = rebuild.recover_pages(self.state, self.run_id, self.docs, self.options, self.log)
                     self.state.recovered()
                 for row_id, _ in list(self.docs.values()):  # documents a stop left unwritten
                     self._assemble(row_id, only_if_needed=True)
@@ -226,7 +228,7 @@ class _JobRun:
             raise failure
         if problem is not None:
             raise problem
-        if late.pending:
+        if late.pending and status != "interrupted":  # stopped already: its result says so (130), with its lines
             raise KeyboardInterrupt
         return result
 
@@ -363,7 +365,7 @@ class _JobRun:
         doc = Document(Path(row["path"]), row["kind"], row["doc_id"], PurePath(row["rel"]))
         # Another source's outputs where ours were (a job or `transcribe` sharing the output
         # folder wrote over them): ours go under a name of our own, the other's stay.
-        other = held_by_another(Path(row["output"]), path_text(row["path"]))
+        other = held_by_another(Path(row["output"]), path_record(row["path"]))
         if other is not None:
             row = self._rename(row, doc, other)
         paths, formats = OutputPaths(Path(row["output"]), root=self.spec.output), self.options.formats
@@ -386,7 +388,7 @@ class _JobRun:
                 results = self.figures.apply(results, paths.base)
                 # (with page files, write_document also removes those of pages the set no longer has)
                 write_document(paths, results, formats, self.options.page_files,
-                               Source(path_text(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
+                               Source(path_record(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
                 status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
@@ -398,7 +400,7 @@ class _JobRun:
     def _rename(self, row, doc: Document, other: str):
         """Give the document a new output name, its own (see owner.own_name); the row after."""
         taken = {str(r["output"]).casefold() for r in self.state.documents_by_path().values() if r["output"] and r["id"] != row["id"]}
-        base = own_name(plan_output_paths([doc], self.spec.output)[doc.doc_id], path_text(row["path"]), doc.doc_id, taken)
+        base = own_name(plan_output_paths([doc], self.spec.output)[doc.doc_id], path_record(row["path"]), doc.doc_id, taken)
         self.state.set_output(row["id"], str(base))
         self.log.notes.append(f"{path_text(row['path'])}: {path_text(row['output'])} now holds the outputs of {path_text(other)} "
                               f"(another job or transcribe writes there too); its outputs are written again from the job "

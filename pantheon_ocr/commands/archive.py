@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ..errors import UsageError
+from ..errors import ExitCode, UsageError
 from .common import count, count_by, sigterm_as_interrupt
 
 
@@ -63,11 +63,13 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_sta
     def log(line: str) -> None:
         click.echo(line, err=True)
 
-    with sigterm_as_interrupt():
+    with sigterm_as_interrupt() as stopping:
         result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=progress_bar() if show else None, log=log,
                                  rebuild_state=rebuild_state, reread=reread)
-    for line in run_lines(result):
-        click.echo(line, err=True)
+        if result.exit_code == ExitCode.INTERRUPTED:
+            stopping.note()  # more SIGTERMs while its lines are printed pass, whoever saw the first
+        for line in run_lines(result):
+            click.echo(line, err=True)
     click.get_current_context().exit(int(result.exit_code))
 
 

@@ -12,29 +12,42 @@ from ..archive.wording import count, count_by
 from ..errors import path_text
 
 
+class Stopping:
+    """Whether the command is stopping (a SIGTERM came, or the run says it was stopped)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def note(self) -> None:
+        """The run ended stopped (a signal the library held back, say): from here on SIGTERMs pass."""
+        self.stopping = True
+
+
 @contextmanager
 def sigterm_as_interrupt():
     """cron, systemd and `kill` stop a run with SIGTERM: handle it like Ctrl-C, so finished
     documents stay written (and a job's pages recorded, its report written, its lock released),
     and the run exits 130 instead of dying by the signal. The first one stops the run; any more
     (a supervisor that sends several) are let pass while it winds down, here and after this block
-    until the process ends, so the summary is printed whole and the exit code stays 130, not 143."""
-    stopping = []
+    until the process ends, so the summary is printed whole and the exit code stays 130, not 143.
+    Yields a Stopping: a command whose run ended stopped without this handler seeing the signal
+    (the archive holds signals back while it takes or gives back its lock) notes it there."""
+    state = Stopping()
 
     def handler(signum, frame):
-        if not stopping:
-            stopping.append(signum)
+        if not state.stopping:
+            state.stopping = True
             raise KeyboardInterrupt
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
-        yield
+        yield state
         return
     try:
-        yield
+        yield state
     finally:
-        if not stopping:
+        if not state.stopping:
             signal.signal(signal.SIGTERM, previous)
 
 
@@ -76,8 +89,8 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
         lines += [f"  {f}" for f in list(summary.unreadable) + doc_failures + page_failures]
     if summary.pages_cut:  # written, and marked in the Markdown, but a page cut short is easy to miss
         lines.append(f"note: {count(summary.pages_cut, 'page')} stopped at --max-tokens: "
-                     f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (marked 'stopped: "
-                     "max_tokens' in the Markdown); a higher --max-tokens reads on")
+                     f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (marked stopped at "
+                     "max_tokens in the outputs); a higher --max-tokens reads on")
     if summary.interrupted:
         lines.append("interrupted: finished documents are complete, the rest was not written")
     by_status: dict[str, int] = {}

@@ -71,7 +71,8 @@ def generate(model_path, prompt, chat, max_tokens, weights, temperature, top_p, 
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # bytes that are no UTF-8 (an argument or standard input as they came)
-        raise UsageError(f"--prompt is not UTF-8 text (byte {e.start}): give it as UTF-8") from None
+        at = len(prompt[: e.start].encode("utf-8", "surrogateescape"))  # the byte, not the character
+        raise UsageError(f"--prompt is not UTF-8 text (byte {at}): give it as UTF-8") from None
     model = load_model(model_path, weights=weights)
     tok = model.tokenizer
     text = tok.chat_prompt([{"role": "user", "content": prompt}]) if chat else prompt

@@ -64,7 +64,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
     # here before the model loads (Reader.transcribe checks again, for callers of the API)
     check_output_folder(output)
-    with sigterm_as_interrupt():
+    with sigterm_as_interrupt() as stopping:
         reader = Reader(model, mmproj, weights=weights, vision_backend=vision_backend, device=device,
                         vision_dtype=vision_dtype, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, kv_dtype=kv_dtype,
                         prefill_chunk=prefill_chunk, threads=threads, formats=tuple(formats), page_files=page_files,
@@ -77,6 +77,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                                         overwrite=not skip_existing)
         except RunInterrupted as stopped:  # said with what was done, exit 130
             summary = stopped.summary
+        if summary.interrupted:
+            stopping.note()
     if to_stdout:
         printed = [(d, out) for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
         for d, out in printed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ContextFull
 from .cache import DecoderState, Rows
 from .models.llama import Decoder
 
@@ -33,7 +34,7 @@ def forward_batch(decoder: Decoder, states: list[DecoderState], tokens: list[int
         raise ValueError("the same sequence appears twice in one batch")
     for s in states:  # checked before any cache is written: a refused batch changes nothing
         if not s.cache.ring and s.pos + 1 > s.cache.max_seq:
-            raise ValueError(f"a sequence is full ({s.cache.max_seq} positions)")
+            raise ContextFull(s.pos + 1, s.cache.max_seq)
     x = decoder.embed(tokens)  # [B, n_embd]
     x = decoder.run(Rows(states, [1] * len(states)), x, tokens)
     return decoder.logits_of(x, exact=True)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Iterable, Sequence
 
-from ..errors import path_text
+from ..errors import path_record, path_text
 from .files import open_regular, sha256_of
 from .inputs import Document, page_ranges
 
@@ -54,7 +54,7 @@ DEFAULT_NAME_MAX = 255
 
 @dataclass(frozen=True)
 class Source:
-    """Where an output came from: the input's path (as `errors.path_text` shows it), the sha256
+    """Where an output came from: the input's path (as `errors.path_record` records it), the sha256
     of its bytes and the size and mtime it had then; `page` for a per-page file; `pages`: the
     page selection the outputs were made with (`page_selection`), None for every page (and for
     outputs older than the field, which were always taken as the whole document)."""
@@ -108,7 +108,7 @@ def source_of(doc: Document, pages: str | None = None) -> Source:
     """The document's Source (reads the whole file once; OSError if it cannot be read), for
     outputs of the page selection `pages` (page_selection's form)."""
     sha256, st = sha256_of(doc.path)
-    return Source(path_text(doc.path), sha256, size=st.st_size, mtime_ns=st.st_mtime_ns, pages=pages)
+    return Source(path_record(doc.path), sha256, size=st.st_size, mtime_ns=st.st_mtime_ns, pages=pages)
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()
     for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
-        paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_text(doc.path), claimed)
+        paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed)
         same_pages = recorded is not None and recorded.pages == wanted
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):

@@ -5,7 +5,7 @@ records its source (naming.Source: the input's path, sha256, size and mtime): th
 with `<!-- pantheon-ocr: {"source": "/in/a.pdf", "sha256": "...", "size": ..., "mtime_ns": ...} -->`
 (per-page files add "page"), every JSONL record carries `doc`, `doc_sha256`, `doc_size` and
 `doc_mtime_ns`; txt files are plain text and record nothing.
-File names are written as `errors.path_text` shows them (undecodable bytes as `\\xNN`).
+File names are written as `errors.path_record` records them (undecodable bytes as `\\xNN`).
 
 A document's outputs are all written or none are: every file is first written to a temp file
 in its folder (fsync), then all are renamed into place, the primary format (the first in
@@ -15,7 +15,8 @@ the moment of the renames a reader sees no primary, and a set whose renames fail
 again by the next run); if anything fails, the temp files are removed. Temp names are short
 (`.pantheon-<hash of the name>-<random>.tmp`), so any output name the file system accepts also
 has a temp name it accepts. A writer holds its temp (an advisory lock) while it writes, so the
-temps a kill -9 left are told from a live writer's and swept by the next write in their folder.
+temps a kill -9 left are told from a live writer's: a later run's first write in their folder
+sweeps those older than STALE_TEMP_S.
 
 Nothing is written or deleted outside the output tree: every folder below its root is opened
 from the root one name at a time without following links (files.OutputTree: O_NOFOLLOW and
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import WriteError, path_text
+from ..errors import WriteError, path_record, path_text
 from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
 from .files import OutputFolder, OutputTree
 from .naming import OutputPaths, Source, output_root
@@ -93,15 +94,17 @@ def _write_temp(place: _Place, data: bytes) -> str:
     return str(place.path.with_name(name))
 
 
-# A temp is renamed into place within moments of its writer letting go of it (the set's other
-# files renamed first); one older than this that no one holds was left by a killed run.
-STALE_TEMP_S = 5.0
+# A writer lets go of a temp (closes it) before the set's renames, which wait for the set's other
+# files and their fsyncs: seconds on a slow disk. One older than this that no one holds was left
+# by a killed run, never one a live writer is about to rename.
+STALE_TEMP_S = 600.0
 _swept: set[tuple[int, int]] = set()  # folders (device, inode) this process has swept
 
 
 def _sweep_stale_temps(folder: OutputFolder) -> None:
     """Remove the temps a killed writer (kill -9, a power cut) left in `folder`, once a process
-    per folder: only our own names (TEMP_NAME), only those no live writer holds (files.hold)."""
+    per folder: only our own names (TEMP_NAME), only those no live writer holds (files.hold) and
+    older than STALE_TEMP_S."""
     ident = folder.identity()
     if ident is None or ident in _swept:
         return
@@ -274,7 +277,7 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
     and the text is the PDF's own text layer). `doc_pages`: the page selection the document's
     outputs were made with (naming.Source.pages), only when it is not every page."""
     return {
-        "doc": source.path if source is not None else path_text(result.doc.path),
+        "doc": source.path if source is not None else path_record(result.doc.path),
         "doc_sha256": source.sha256 if source is not None else None,
         "doc_size": source.size if source is not None else None,
         "doc_mtime_ns": source.mtime_ns if source is not None else None,

@@ -104,8 +104,13 @@ class _Worker:
     def __init__(self, ctx) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="pantheon-render")
-        self.process.start()
-        child.close()  # so a dead worker shows up as EOF on our end
+        try:
+            self.process.start()
+        except BaseException:  # no room for it (open files, processes): its pipe goes with it
+            self.conn.close()
+            raise
+        finally:
+            child.close()  # so a dead worker shows up as EOF on our end
         self.task: tuple[int, tuple] | None = None
         self.deadline = 0.0
         self.ready = False  # set by the worker's first message
@@ -194,7 +199,7 @@ class RenderPool:
             if self._workers:
                 self.n_workers = len(self._workers)  # as many as fit
                 return False
-            why = (f"too many open files: {open_files_limit()}" if e.errno in (errno.EMFILE, errno.ENFILE) else
+            why = (f"too many open files: {open_files_limit(e.errno)}" if e.errno in (errno.EMFILE, errno.ENFILE) else
                    f"{e.strerror} (a limit such as ulimit -u or ulimit -v)")
             raise ResourceError(f"cannot start a render worker: {why}") from None
 

@@ -170,7 +170,9 @@ def test_no_room_for_more_workers_runs_on_those_there_are(monkeypatch):
     room = iter([64, 0])  # room for one worker, then none
     monkeypatch.setattr(render_pool, "_fds_free", lambda: next(room, 0))
     with RenderPool(workers=4) as pool:
-        assert [o.value for o in pool.imap(pid_after, [(0.2,)] * 4)] and len(pool._workers) == 1
+        outcomes = list(pool.imap(pid_after, [(0.2,)] * 4))
+        assert [o.error for o in outcomes] == [None] * 4 and len({o.value for o in outcomes}) == 1  # all on one
+        assert len(pool._workers) == 1
         assert pool.n_workers == 1
     monkeypatch.setattr(render_pool, "_fds_free", lambda: 3)
     with RenderPool(workers=2) as pool, pytest.raises(ResourceError) as caught:

@@ -159,7 +159,7 @@ def test_control_characters_in_names_are_shown_escaped(tmp_path):
     """A name holding a newline, an escape sequence or a right-to-left override is read and
     written like any other, and every line a person reads shows it escaped: one record a line in
     a log, nothing a terminal acts on."""
-    from pantheon_ocr.errors import path_text
+    from pantheon_ocr.errors import path_record, path_text
 
     assert path_text("a\nb\tc\r.pdf") == "a\\nb\\tc\\r.pdf"
     assert path_text("\x1b[31mred\x7f\x85.pdf") == "\\x1b[31mred\\x7f\\x85.pdf"
@@ -174,8 +174,14 @@ def test_control_characters_in_names_are_shown_escaped(tmp_path):
     assert "\x1b" not in err and "two\\nlines\\x1b[2J.pdf" in err
     assert [line for line in err.splitlines() if "two" in line and "lines" not in line] == []
     made = [p for p in (tmp_path / "out").iterdir() if p.suffix == ".md"]
+    # recorded as it is (JSON escapes it), so that the next run knows the outputs as this file's
     assert len(made) == 1 and json.loads(made[0].read_text(encoding="utf-8").split(" -->")[0].split(": ", 1)[1])[
-        "source"] == path_text(odd)
+        "source"] == str(odd)
+    code, _, err = _cli("transcribe", odd, "--model", ROOT / "samples" / "tiny-model", "-o", tmp_path / "out",
+                        "--no-progress", "--max-tokens", 2)
+    assert code == ExitCode.OK and "skipped" in err and len(list((tmp_path / "out").iterdir())) == 1
+    # shown alike, recorded apart: a tab and a backslash-t are two names
+    assert path_text("a\tb") == path_text("a\\tb") and path_record("a\tb") != path_record("a\\tb")
 
 
 def _cli(*args):
@@ -221,7 +227,7 @@ def test_a_killed_writers_temps_are_swept_a_live_writers_kept(tmp_path, monkeypa
     theirs = out / ".pantheon-notours.tmp"
     for p in (live, fresh, theirs):
         p.write_bytes(b"x")
-    old = killed.stat().st_mtime - 60
+    old = killed.stat().st_mtime - 2 * outputs.STALE_TEMP_S
     for p in (killed, live, theirs):
         os.utime(p, (old, old))
     holder = os.open(live, os.O_RDONLY)  # another process writing b.md: its own open file, locked
@@ -237,6 +243,31 @@ def test_a_killed_writers_temps_are_swept_a_live_writers_kept(tmp_path, monkeypa
     assert summary.exit_code == ExitCode.OK
     assert not killed.exists()
     assert live.exists() and fresh.exists() and theirs.exists() and (out / "z.md").is_file()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the temp by its descriptor in /proc")
+def test_a_writer_holds_its_temp_while_it_writes(tmp_path, monkeypatch):
+    """What tells a live writer's temp from a killed one's: the lock _write_temp takes, held while
+    the bytes go to disk (seen from another open of the same file, as another process sees it)."""
+    import fcntl
+
+    held = []
+    real = os.fsync
+
+    def fsync(fd):
+        other = os.open(os.readlink(f"/proc/self/fd/{fd}"), os.O_RDONLY)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(other)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    outputs.atomic_write_text(tmp_path / "a.md", "text\n")
+    assert held[:1] == [True] and (tmp_path / "a.md").read_text() == "text\n"
 
 
 # ------------------------------------------------------------------ outputs keyed to their source

@@ -209,9 +209,11 @@ class _JobRun:
                 interrupted = True
             # what counts as written for the exit code: as transcribe, a document with no selected
             # page was read (1, not 4), pages recovered by --rebuild-state are on disk, and so are
-            # the documents earlier runs did (4 says the whole archive is unreadable)
-            kept = sum(self.log.events[k] for k in ("written", "partial", "unchanged", NO_SELECTED_PAGE))
-            wrote = kept > 0 or recovered > 0 or any(a["outcome"] == "done" for a in self.log.attempts)
+            # the documents earlier runs read (4 says the whole archive is unreadable; an unchanged
+            # document all of whose pages failed before is no readable one)
+            kept = sum(self.log.events[k] for k in ("written", "partial", NO_SELECTED_PAGE))
+            wrote = kept > 0 or recovered > 0 or any(a["outcome"] == "done" for a in self.log.attempts) or any(
+                self.state.document(row_id)["status"] in ("done", "partial") for row_id, _ in self.docs.values())
             status = "interrupted" if interrupted else "finished"
             code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
         except PantheonError as e:

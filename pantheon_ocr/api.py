@@ -292,8 +292,11 @@ def _as_path(source: Any, scratch: Path, i: int) -> Path:
     UsageError for what is no image at all (a number, None); InputError, naming the image by its
     place in the list, for an image that cannot be read (undecodable bytes, an odd array)."""
     if isinstance(source, (str, os.PathLike)):
-        if not os.fspath(source).strip():  # Path("") is ".": never the current folder
-            raise InputError(repr(os.fspath(source)), "an empty path (an unset variable?): give a file, folder or pattern")
+        from .pipeline.inputs import empty_path
+
+        problem = empty_path(os.fsdecode(source))  # checked here: as a Path it would be "."
+        if problem is not None:
+            raise problem
         return Path(source)
     if _path_bytes(source) and os.path.exists(source):
         return Path(os.fsdecode(source))  # a path as bytes (as os.listdir(b".") gives them), not an image's bytes

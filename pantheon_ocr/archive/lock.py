@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import ExitCode, JobError
+from .sqlite import pid_alive
 from .state import JobState, LockInfo, connect
 
 
@@ -24,25 +25,6 @@ class JobLocked(JobError):
     """Another run of the same job holds the lock."""
 
     exit_code = ExitCode.JOB_LOCKED
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (a zombie counts as dead)."""
-    if os.name == "nt":
-        return True  # os.kill would terminate it there: rely on the heartbeat's age instead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, belongs to someone else
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): kill(0) is all we know
 
 
 def lock_is_stale(lock: LockInfo, stale_after: float, now: float | None = None) -> bool:

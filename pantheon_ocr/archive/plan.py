@@ -83,14 +83,13 @@ class Planner:
                 self.log.document("unchanged", doc.path)
                 # "empty": what versions before NO_SELECTED_PAGE made of such a document, silently;
                 # --retry-failed re-decides a document failed for its selection (said again)
-                if row["pages_spec"] != self.pages_spec or row["status"] == "empty" or (
-                        self.retry_failed and not self._selected(row["n_pages"])):
+                new_pages = row["pages_spec"] != self.pages_spec or row["status"] == "empty" or (
+                    self.retry_failed and not self._selected(row["n_pages"]))
+                if new_pages:
                     self._set_pages(row["id"], stamp, row["n_pages"], keep_done=True)
-                    if self.reread:
-                        state.reread(row["id"])
-                elif self.reread:
+                if self.reread:
                     state.reread(row["id"])
-                elif self.retry_failed:
+                elif self.retry_failed and not new_pages:
                     state.retry_failed(row["id"])
         state.mark_seen(seen)
         self._count(to_count)

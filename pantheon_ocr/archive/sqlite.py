@@ -125,21 +125,30 @@ def remove_stale_temps(path: Path) -> None:
     prefix = f".{path.name}.new-"
     for name in names:
         pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             try:
                 os.unlink(path.parent / name)
             except OSError:
                 pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a zombie counts as dead)."""
+    if os.name == "nt":
+        return True  # os.kill would terminate it there: rely on the heartbeat's age instead
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
+    except PermissionError:
+        return True  # exists, belongs to someone else
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) is all we know
 
 
 def _remove(tmp: Path) -> None:

@@ -77,7 +77,6 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                                         overwrite=not skip_existing)
         except RunInterrupted as stopped:  # said with what was done, exit 130
             summary = stopped.summary
-        if summary.interrupted:
             stopping.note()
     if to_stdout:
         printed = [(d, out) for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]

@@ -167,9 +167,10 @@ def load_page_engine(options: EngineOptions):
     from .page_engine import OCREngine
 
     o, notes = plan_auto(options)
-    if o.threads and o.threads > cpu_count():  # asked for, not chosen: said once, the run goes on as asked
-        notes.append(f"threads {o.threads} is more than the {cpu_count()} cores this process may use: they take "
-                     f"turns, which is slower than {cpu_count()}")
+    cores = cpu_count()
+    if o.threads and o.threads > cores:  # asked for, not chosen: said once, the run goes on as asked
+        notes.append(f"threads {o.threads} is more than the {cores} cores this process may use: they take "
+                     f"turns, which is slower than {cores}")
     switches = o.gpu_prefill or o.gpu_decode
     if o.device is not None and o.vision_backend == "numpy" and not switches:
         raise OptionError("device", "a torch device, for the torch or auto vision backend or the GPU prefill/decode "

@@ -161,9 +161,18 @@ def _check_file(path: str | os.PathLike, st: os.stat_result, bad) -> bool:
     return True
 
 
+def empty_path(item: str) -> InputError | None:
+    """The error for an input that is no path at all: "" (Path("") is ".", so an unset "$IN" would
+    read the whole current folder) or blanks; None for any other."""
+    if item.strip():
+        return None
+    return InputError(repr(item), "an empty path (an unset shell variable?): give a file, folder or pattern")
+
+
 def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
-    if not item.strip():  # Path("") is ".": an unset "$IN" would read the whole current folder
-        bad(InputError(repr(item), "an empty path (an unset shell variable?): give a file, folder or pattern"))
+    problem = empty_path(item)
+    if problem is not None:
+        bad(problem)
         return []
     p = Path(item).expanduser()
     if glob.has_magic(item) and not os.path.lexists(p):

@@ -125,7 +125,7 @@ class PageFailure:
 # code is 1 (some failed), not 4 (nothing could be read).
 NO_SELECTED_PAGE = "none of the selected pages exists"
 
-# unwritten = its pages were read but its outputs could not be written (exit code 73)
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM, where the command line maps it) stopped a run: raised after the
     documents finished before it are written; `summary` is the RunSummary of what was done. A
@@ -136,6 +136,7 @@ class RunInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
+# unwritten = its pages were read but its outputs could not be written (exit code 73)
 DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted", "unwritten"]
 
 

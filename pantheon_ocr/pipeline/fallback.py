@@ -1,13 +1,14 @@
 """A PDF's own text layer, as `--text-layer` asks:
 
 - fallback (the default): a PDF page whose OCR failed (every attempt) takes the PDF's own text
-  layer, when it has one, instead of leaving a hole. The page stays counted as failed (its error
+  layer, when it has one that is no glyph soup (`text_layer_problem`, however short), instead of
+  leaving a hole. The page stays counted as failed (its error
   is kept, so the run still says what went wrong); the Markdown marks it
   `<!-- page N text-layer: reason -->`, JSONL `"source": "text-layer"`.
 - prefer: before any OCR, every selected PDF page whose text layer holds real text
-  (`text_layer_problem`: enough printable characters, mostly words, no runs of garbage glyphs; a
-  scan with an OCR layer of its own counts as text) keeps it and is not read by OCR; the others
-  are. Such a page is not a failure; it is marked `<!-- page N text-layer -->` and
+  (`text_layer_problem`: enough printable characters, mostly words, no runs of garbage glyphs,
+  letters in the order of a written language; not a stamp on a scan, not sideways; a scan with
+  an OCR layer of its own counts as text) keeps it and is not read by OCR; the others are. Such a page is not a failure; it is marked `<!-- page N text-layer -->` and
   `"source": "text-layer"` in JSONL.
 - ocr: the text layer is never looked at.
 
@@ -24,27 +25,33 @@ from typing import Sequence
 import re
 import unicodedata
 
+from .letter_pairs import gibberish
 from .render import text_layer, text_layer_and_cover
 from .render_pool import RenderPool
 from .types import TEXT_LAYER, PageResult, PageTask
 
 MIN_CHARS = 40  # fewer printed characters than this: no real text layer (a scan's stray label)
 # A run of this many symbols with no letter or digit is garbage glyphs (a font without a Unicode
-# map), unless it is a dot leader or a rule made of one character.
+# map); leaders and rules are taken out first.
 GARBAGE_RUN = re.compile(r"[^\w\s]{8,}")
+# Shares of a page's characters that make it garbage. Real pages hold some of each: a slide's
+# bullets mapped to a control character (5 of 330 characters), a regular expression in a manual
+# (\\/\\(.*\\/\\)). A font without a map turns nearly all of them.
+ODD_SHARE, GARBAGE_RUN_SHARE = 0.05, 0.03
+
+# Dot leaders and rules: one or two symbols repeated, spaced or not (". . . . 35" in a table of
+# contents, "=-=-=-", an X font name's "-*-*-*-*")
+LEADERS = re.compile(r"([^\w\s]{1,2})(?: ?\1){2,}")
 
 
-LEADERS = re.compile(r"([^\w\s])\1{2,}")  # dot leaders and rules: one symbol repeated
-
-
-def text_layer_problem(text: str) -> str | None:
+def text_layer_problem(text: str, min_chars: int = MIN_CHARS) -> str | None:
     """Why a page's text layer is not real text, or None when it is."""
     text = LEADERS.sub(" ", text)
     chars = [c for c in text if not c.isspace()]
-    if len(chars) < MIN_CHARS:
+    if len(chars) < max(min_chars, 1):
         return f"{len(chars)} characters of text"
     odd = sum(unicodedata.category(c) in ("Co", "Cn", "Cs", "Cc") or c == "\ufffd" for c in chars)
-    if odd > 0.01 * len(chars):
+    if odd > ODD_SHARE * len(chars):
         return f"{odd} unprintable or private-use characters"
     if sum(c.isalnum() for c in chars) < 0.6 * len(chars):
         return "mostly symbols"
@@ -52,8 +59,11 @@ def text_layer_problem(text: str) -> str | None:
     if sum(sum(ch.isalnum() for ch in w) >= 0.5 * len(w) for w in words) < 0.6 * len(words):
         return "few words"
     runs = [m.group() for m in GARBAGE_RUN.finditer(text) if len(set(m.group())) > 2]
-    if runs:
+    if sum(map(len, runs)) > GARBAGE_RUN_SHARE * len(chars):
         return f"runs of garbage glyphs ({runs[0][:12]!r})"
+    score = gibberish(text)
+    if score is not None:  # a font without a true character map: words, in the wrong letters
+        return f"letters in an order no language has (score {score:.2f})"
     return None
 
 
@@ -63,6 +73,12 @@ def text_layer_problem(text: str) -> str | None:
 # fails). Measured: a stamp on a Letter scan 0.4%; an OCR layer of four lines 2.9%; a slide of
 # the dev set on a background picture 7.5%; pages of text 2.5-35%.
 SCAN_IMAGES, STAMP_TEXT = 0.8, 0.02
+
+
+# A page whose text mostly runs sideways on the page (a landscape table set on a portrait page and
+# turned upright by /Rotate): PDFium glues its lines and reverses its columns, so `prefer` reads
+# the page as it is shown instead.
+SIDEWAYS = 0.5
 
 
 def stamp_on_a_scan(images: float, texts: float) -> bool:
@@ -85,7 +101,8 @@ class TextLayerFallback:
         found: dict[tuple[str, int], str] = {}
         items = [(r.doc, r.page - 1, self.password) for r in wanted]
         for outcome in self.pool.imap(text_layer, items, stop or threading.Event()):
-            if outcome.error is None and outcome.value:
+            # Any text stands in for a failed page, however short, but not glyph soup
+            if outcome.error is None and outcome.value and text_layer_problem(outcome.value, min_chars=1) is None:
                 r = wanted[outcome.index]
                 found[(r.doc.doc_id, r.page)] = outcome.value
         return [dataclasses.replace(r, text=found[(r.doc.doc_id, r.page)], finish_reason=TEXT_LAYER)
@@ -103,8 +120,9 @@ class TextLayerFallback:
         for outcome in self.pool.imap(text_layer_and_cover, items, stop or threading.Event()):
             if outcome.error is not None:
                 continue
-            text, images, texts = outcome.value
-            if text and text_layer_problem(text) is None and not stamp_on_a_scan(images, texts):
+            text, images, texts, sideways = outcome.value
+            if text and text_layer_problem(text) is None and not stamp_on_a_scan(images, texts) \
+                    and sideways < SIDEWAYS:
                 t = wanted[outcome.index]
                 found[(t.doc.doc_id, t.page)] = text
         return found

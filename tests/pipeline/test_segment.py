@@ -101,3 +101,32 @@ def test_a_page_of_two_levels_has_its_lines():
     assert set(np.unique(grey)) == {0, 255}
     regions, _ = segment(grey)
     assert texts_in_order(regions, lines) == [t for _, _, t in lines]
+
+
+def test_a_dithered_picture_does_not_swallow_the_lines_under_it():
+    """A 1-bit page with a dithered photo (an archive scan): the photo's tall bands once outweighed
+    the lines in the page's line height, so the lines were merged several at a time and the title
+    was taken for a speck."""
+    lines = [(150, 100, "Annual report with a photo")] + [(150, 1000 + 60 * i, f"running text line {i}")
+                                                            for i in range(8)]
+    grey = page(lines)
+    yy, xx = np.mgrid[0:700, 0:1300]
+    photo = 128 + 110 * np.sin(xx / 90) * np.cos(yy / 70)  # light and dark areas
+    grey[220:920, 200:1500] = np.asarray(Image.fromarray(photo.astype(np.uint8)).convert("1")).astype(np.uint8) * 255
+    regions, _ = segment(grey)
+    found = texts_in_order(regions, lines)
+    assert [t for t in found if t is not None] == [t for _, _, t in lines]  # each line once, in order
+    for r, t in zip(regions, found):
+        if t is not None:
+            assert r.box[3] - r.box[1] < 45  # one line each, not several merged
+
+
+@pytest.mark.parametrize("seed", [1, 3, 4])
+def test_a_speckled_page_does_not_recurse_without_end(seed):
+    """5% of the pixels specks (these seeds, and a page so large its text renders a pixel high,
+    once gave a line height of 1 px, cut a band at its row 0 and split the same band again and
+    again: RecursionError, the page failed)."""
+    rng = np.random.default_rng(seed)
+    grey = np.full((1000, 1400), 255, np.uint8)
+    grey[rng.random(grey.shape) < 0.05] = 0
+    segment(grey)  # returns, whatever it finds

@@ -162,6 +162,21 @@ def test_inspect_json():
     assert code == 0 and json.loads(out)["architecture"] == "clip"
 
 
+def test_inspect_describes_a_pair_that_does_not_fit_before_saying_so(tmp_path):
+    """The bundled reader's text GGUF beside the tiny model's mmproj: both described (what each is
+    tells why they do not fit), then the one-line error, exit 3; before, only the error."""
+    folder = tmp_path / "mismatched"
+    folder.mkdir()
+    (folder / "text.gguf").symlink_to(ROOT / "pantheon_ocr" / "bundled" / "reader" / "pantheon-reader.gguf")
+    (folder / "mmproj.gguf").symlink_to(MODEL / "mmproj.gguf")
+    code, out, err = run("inspect", folder)
+    assert code == 3 and "projection_dim" in err
+    assert out.count("  architecture: ") == 2 and "fit together" not in out
+    code, out, err = run("inspect", folder, "--json")
+    info = json.loads(out)
+    assert code == 3 and set(info) == {"text", "mmproj", "pair"} and info["pair"].startswith("does not fit: ")
+
+
 def test_image_page_printed_to_stdout(tmp_path):
     png = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "images" / "d_text_300x120.png"
     code, out, err = run("transcribe", png, "--model", MODEL / "text.gguf", "--mmproj", MODEL / "mmproj.gguf",

@@ -109,6 +109,12 @@ def test_the_loader_resolves_a_pulled_name(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelError, match="not pulled .* run `pantheon-ocr models pull acme/tiny-GGUF`"):
         resolve_model("acme/tiny-GGUF", None)
+    # owner/repo is also a relative folder's spelling: a mistyped one is said as one, the pull too
+    with pytest.raises(ModelError, match="^models/lightonocr: no such file or folder, and not pulled .* "
+                                         "models pull models/lightonocr` if it is a model on the Hub$"):
+        resolve_model("models/lightonocr", None)
+    with pytest.raises(ModelError, match="^lightonocr-2: not pulled"):  # a short name is no path
+        resolve_model("lightonocr-2", None)
     got = pull("acme/tiny-GGUF", endpoint=hub.endpoint, cache_dir=tmp_path, progress=False)
     assert resolve_model("acme/tiny-GGUF", None) == (got.text, got.mmproj)
     assert resolve_model("acme/tiny-GGUF:Q8_0", "other-mmproj.gguf") == (got.text, Path("other-mmproj.gguf"))

@@ -60,12 +60,20 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_sta
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
     show = click.get_text_stream("stderr").isatty() if progress is None else progress
 
+    bar = progress_bar() if show else None
+
     def log(line: str) -> None:
+        if bar is not None:  # a line of its own, not glued to the live line (redrawn at the next progress)
+            bar.end()
         click.echo(line, err=True)
 
     with sigterm_as_interrupt() as stopping:
-        result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=progress_bar() if show else None, log=log,
-                                 rebuild_state=rebuild_state, reread=reread)
+        try:
+            result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=bar, log=log,
+                                     rebuild_state=rebuild_state, reread=reread)
+        finally:
+            if bar is not None:
+                bar.end()
         if result.exit_code == ExitCode.INTERRUPTED:
             stopping.note()  # more SIGTERMs while its lines are printed pass, whoever saw the first
         for line in run_lines(result):

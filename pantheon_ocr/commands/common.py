@@ -96,7 +96,11 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
     by_status: dict[str, int] = {}
     for d in summary.documents:
         by_status[d.status] = by_status.get(d.status, 0) + 1
-    lines.append(f"{count_by(by_status, 'document')}; {count(summary.pages_done, 'page')} read, {count(summary.tokens, 'token')} "
+    # pages read by OCR; failed ones and those a text layer gave are said apart (they were not read)
+    read = summary.pages_done - summary.pages_failed - summary.pages_from_text_layer
+    pages = [f"{count(read, 'page')} read"] + [f"{summary.pages_failed} failed"] * bool(summary.pages_failed) \
+        + [f"{summary.pages_from_text_layer} from the text layer"] * bool(summary.pages_from_text_layer)
+    lines.append(f"{count_by(by_status, 'document')}; {', '.join(pages)}, {count(summary.tokens, 'token')} "
                  f"in {summary.seconds:.1f} s")
     return lines
 

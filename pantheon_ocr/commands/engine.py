@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import UsageError
+from ..errors import ModelError, UsageError
 
 
 @click.command()
@@ -33,18 +33,26 @@ def inspect(model: str | None, as_json: bool) -> None:
         return
     text, mmproj = resolve_model(model, None)
     infos = {"text": describe(str(text)), "mmproj": describe(str(mmproj))}
-    check_pair(text, mmproj)  # a pair that cannot be one model: one line, exit 3
+    try:
+        check_pair(text, mmproj)
+        fits = None
+    except ModelError as e:  # described all the same (what each file is tells why), then said: exit 3
+        fits = e
     if as_json:
-        click.echo(json.dumps({**infos, "pair": "fits"}, indent=2))
-        return
-    for info in infos.values():
-        click.echo("\n".join(_described(info)))
-    click.echo(f"pair: {text.name} + {mmproj.name} fit together (one LightOnOCR model)")
+        click.echo(json.dumps({**infos, "pair": "fits" if fits is None else f"does not fit: {fits}"}, indent=2))
+    else:
+        for info in infos.values():
+            click.echo("\n".join(_described(info)))
+        if fits is None:
+            click.echo(f"pair: {text.name} + {mmproj.name} fit together (one LightOnOCR model)")
+    if fits is not None:
+        raise fits
 
 
 def _described(info: dict) -> list[str]:
     lines = [f"{info['path']}", f"  architecture: {info['architecture']}"]
-    lines += [f"  {k}: {v}" for k, v in info["config"].items() if k != "arch"]  # the line above says it
+    # float32 metadata printed as float64 is noise (eps 9.999999974752427e-07): 7 digits are all it holds
+    lines += [f"  {k}: {f'{v:.7g}' if isinstance(v, float) else v}" for k, v in info["config"].items() if k != "arch"]
     lines.append(f"  tensors: {info['n_tensors']}  parameters: {info['parameters']:,}")
     lines.append("  types: " + ", ".join(f"{t} {n}" for t, n in info["types"].items()))
     lines += [f"  memory ({mode}): {nbytes / 2**20:,.1f} MiB" for mode, nbytes in info["memory_bytes"].items()]

@@ -4,11 +4,13 @@ least twice a second while pages are under way).
 On a terminal: one live line, redrawn in place, with the pages through each stage (rendered,
 encoded, prefilled, decoding, done) and the tokens generated so far:
 
-    pages 12/40 [render 20 · vision 17 · prefill 15 · decoding 3] 5,210 tok 61 tok/s · 1 failed · 0:42
+    pages 12/40 · 1 failed · 5,210 tok 61 tok/s · 0:42 · ~1:38 left [docs 3/9 · render 20 · vision 17 · prefill 15 · decoding 3]
 
-Elsewhere (a nightly job's log): one line per finished document, nothing redrawn:
+Elsewhere (a nightly job's log): one line per finished document, nothing redrawn, and a line of
+pages when a minute went by without one (a long document):
 
-    [3/12] written docs/report.pdf (12 pages, 41.3 s)
+    [3/12] written docs/report.pdf (12 pages, 0:41)
+    ... pages 130/700, 2:41, ~11:15 left
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..errors import path_text
 from .common import count
 
 REDRAW_EVERY = 0.25  # seconds: a terminal line redrawn at most this often
+LOG_EVERY = 60.0  # seconds: without a terminal, a line at least this often while pages run
 
 
 def progress_bar(stream=None):
@@ -30,13 +33,21 @@ def progress_bar(stream=None):
     return LiveLine(stream) if getattr(stream, "isatty", lambda: False)() else DocumentLines(stream)
 
 
+class ProgressDisplay:
+    """What the commands call: the pipeline's on_progress, and end() once the run returns or stops."""
+
+    def __call__(self, p) -> None: ...
+
+    def end(self) -> None: ...
+
+
 def _clock(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class LiveLine:
+class LiveLine(ProgressDisplay):
     def __init__(self, stream):
         self.stream, self.last, self.width = stream, 0.0, 0
 
@@ -49,10 +60,13 @@ class LiveLine:
         rate = p.tokens / p.elapsed if p.elapsed > 0 else 0.0
         # what matters first (pages, failures, speed, time), then where the pages are: on a narrow
         # terminal the stages go, not the clock
+        left = ""  # by the pages so far: rough while the first pages run, steady after
+        if 0 < p.pages_done < p.pages_total:
+            left = f" · ~{_clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))} left"
         head = (f"pages {p.pages_done}/{p.pages_total}" + (f" · {p.pages_failed} failed" if p.pages_failed else "")
-                + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}")
-        stages = (f" [render {p.rendered} · vision {p.encoded} · prefill {p.prefilled} · "
-                  f"decoding {p.decoding}]")
+                + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}" + left)
+        stages = (f" [docs {p.docs_done}/{p.docs_total} · render {p.rendered} · vision {p.encoded} · "
+                  f"prefill {p.prefilled} · decoding {p.decoding}]")
         width = shutil.get_terminal_size((100, 20)).columns - 1
         line = (head + stages if len(head) + len(stages) <= width else head)[:width]
         self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
@@ -62,14 +76,36 @@ class LiveLine:
             self.width = 0
         self.stream.flush()
 
+    def end(self) -> None:
+        """The live line ended where a run stopped before its last page (Ctrl-C), so that what
+        is said next starts on a line of its own."""
+        if self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
 
-class DocumentLines:
+
+class DocumentLines(ProgressDisplay):
     def __init__(self, stream):
-        self.stream = stream
+        self.stream, self.last = stream, time.monotonic()
 
     def __call__(self, p) -> None:
         for i, outcome in enumerate(p.finished, p.docs_done - len(p.finished) + 1):
             self.stream.write(f"[{i}/{p.docs_total}] {outcome.status} {path_text(outcome.doc.path)} "
                               f"({count(outcome.n_pages, 'page')}, {_clock(p.elapsed)})\n")
+        now = time.monotonic()
         if p.finished:
-            self.stream.flush()
+            self.last = now
+        elif now - self.last >= LOG_EVERY and p.pages_done < p.pages_total:
+            # a long document says nothing until it is done: the log shows the run is alive
+            self.stream.write(f"... pages {p.pages_done}/{p.pages_total}"
+                              + (f", {p.pages_failed} failed" if p.pages_failed else "") + f", {_clock(p.elapsed)}"
+                              + (f", ~{_clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))} left"
+                                 if p.pages_done else "") + "\n")
+            self.last = now
+        else:
+            return
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Nothing to end: every line is whole."""

@@ -72,12 +72,15 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         echo_notes(reader.notes)
+        bar = progress_bar() if progress else None
         try:
-            summary = reader.transcribe(inputs, Path(output), on_progress=progress_bar() if progress else None,
-                                        overwrite=not skip_existing)
+            summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing)
         except RunInterrupted as stopped:  # said with what was done, exit 130
             summary = stopped.summary
             stopping.note()
+        finally:
+            if bar is not None:  # a line cut short by Ctrl-C ends before the summary
+                bar.end()
     if to_stdout:
         printed = [(d, out) for d in summary.documents for out in d.outputs if out.suffix == f".{formats[0]}"]
         for d, out in printed:

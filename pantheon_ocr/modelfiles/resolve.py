@@ -48,7 +48,13 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
             raise OptionError(name, "an empty path (an unset shell variable?): give a file, folder or model name")
     text, proj = Path(model), Path(mmproj) if mmproj is not None else None
     if not text.exists() and parse_name(str(model)) is not None:
-        pulled = local_pair(str(model))
+        try:
+            pulled = local_pair(str(model))
+        except ModelError as e:
+            if "/" not in str(model) and os.sep not in str(model):
+                raise
+            # owner/repo is also how a relative path is written: a mistyped folder is said as one
+            raise ModelError(e.path, f"no such file or folder, and {e.problem} if it is a model on the Hub") from None
         return pulled[0], proj or pulled[1]
     if text.is_dir():
         ggufs = sorted(text.glob("*.gguf"))

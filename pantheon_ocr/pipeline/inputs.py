@@ -207,16 +207,32 @@ def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
 
 
 def _walk(root: Path, bad, base: Path | None = None) -> list[tuple[Path, PurePath, os.stat_result]]:
-    """Documents under a folder. Symlinked folders are not followed (no loops); a listed file
-    with a document extension is stat'ed, and if it is not a regular file it is named as bad."""
+    """Documents under a folder, linked folders included (a folder reached again, through a
+    loop or a second link, is walked once); hidden files and folders are passed over. A listed
+    file with a document extension is stat'ed, and if it is not a regular file it is named as bad."""
     base = root if base is None else base
     found = []
+    walked: set[tuple[int, int]] = set()
 
     def unlistable(e: OSError) -> None:
         bad(InputError(e.filename or root, f"cannot list folder: {e.strerror or e}"))
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    def first_visit(folder: str) -> bool:
+        try:
+            st = os.stat(folder)
+        except OSError:  # a dangling link to a folder is a file name os.walk lists as a folder
+            return False
+        key = (st.st_dev, st.st_ino)
+        if key in walked:
+            return False
+        walked.add(key)
+        return True
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=True):
+        if not first_visit(dirpath):
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # the first of two links is the same each run
         for name in filenames:
             f = Path(dirpath, name)
             if name.startswith(".") or _kind_by_extension(f) is None:

@@ -64,7 +64,10 @@ class Source:
     page: int | None = None
     size: int | None = None
     mtime_ns: int | None = None
-    pages: str | None = None  # last: callers build Source(path, sha256) positionally (archive/rebuild.py)
+    pages: str | None = None  # after these: callers build Source(path, sha256) positionally (archive/rebuild.py)
+    # The pages that failed (text-layer stand-ins included) when the outputs were written: such
+    # outputs are no document's last word, and the next run reads the document again.
+    failed: tuple[int, ...] | None = None
 
     def header(self) -> str:
         """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
@@ -73,15 +76,35 @@ class Source:
         fields = {"source": self.path, "sha256": self.sha256, "size": self.size, "mtime_ns": self.mtime_ns}
         fields = {k: v for k, v in fields.items() if v is not None} | ({} if self.page is None else {"page": self.page})
         fields |= {} if self.pages is None else {"pages": self.pages}
+        fields |= {"failed": list(self.failed)} if self.failed else {}
         return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
 
     def same_file(self, other: "Source | None") -> bool:
-        return other is not None and other.path == self.path and other.sha256 == self.sha256
+        return other is not None and same_input(other.path, self.path) and other.sha256 == self.sha256
 
     def unchanged(self, st: os.stat_result) -> bool:
         """Whether a file with this stat is still the one recorded, by size and mtime alone (as
         archive jobs decide it): then it need not be read and hashed again."""
         return self.size == st.st_size and self.mtime_ns == st.st_mtime_ns
+
+
+def same_input(recorded: str, path: str) -> bool:
+    """Whether an input path recorded in outputs names the file at `path`: the same path, or the
+    same file reached by another spelling (`a/../a/x.pdf`, a linked folder), which must not be
+    read and written a second time beside its outputs."""
+    if recorded == path:
+        return True
+    try:
+        return os.path.realpath(recorded) == os.path.realpath(path)
+    except (OSError, ValueError):  # a name the system cannot take: only the same string is the same
+        return False
+
+
+def _failed(value) -> tuple[int, ...] | None:
+    """A recorded list of failed pages; None for none or for a value that is no list of pages."""
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    return None
 
 
 def page_selection(spec: str | None) -> str | None:
@@ -143,12 +166,12 @@ class OutputPaths:
                 if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):
                     rec = json.loads(line[len(HEADER_PREFIX):-4])
                     return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
-                                  rec.get("pages"))
+                                  rec.get("pages"), _failed(rec.get("failed")))
             elif "jsonl" in formats:
                 with open_regular(self.file("jsonl")) as f:
                     rec = json.loads(f.readline(1 << 24))
                 return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"),
-                              rec.get("doc_pages"))
+                              rec.get("doc_pages"), _failed(rec.get("doc_failed")))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
@@ -253,7 +276,7 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
     # made again elsewhere, no copy left behind (its shared name freed, say, it stays suffixed).
     for base in candidates:
         recorded = found[base]
-        if str(base).casefold() not in claimed and recorded is not None and recorded.path == source_path:
+        if str(base).casefold() not in claimed and recorded is not None and same_input(recorded.path, source_path):
             claimed.add(str(base).casefold())
             return OutputPaths(base, root=planned.root), recorded
     # Else the first free name by priority (outputs there are another document's now: kept, unless
@@ -275,6 +298,7 @@ class Claim:
     source: Source | None  # None when the input could not be read (`error` says why)
     done: bool  # its outputs exist, complete, from this very file and page selection: skip unless overwriting
     error: str | None = None
+    failed_before: tuple[int, ...] = ()  # pages its outputs of this very file record as failed: read again
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
@@ -284,13 +308,13 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
     page selection `pages` (PipelineOptions.pages; None: every page) can make a document done.
     A document whose outputs record its path, size and mtime is done without reading it; any
     other is hashed (the record its outputs will carry) and is done only if the recorded sha256
-    matches."""
+    matches. A document whose outputs record failed pages is never done: it is read again."""
     wanted = page_selection(pages)
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()
     for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
         paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed)
-        same_pages = recorded is not None and recorded.pages == wanted
+        same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):
                 claims[doc.doc_id] = Claim(paths, recorded, True)
@@ -299,5 +323,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         except OSError as e:
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
-        claims[doc.doc_id] = Claim(paths, source, same_pages and source.same_file(recorded) and paths.exist(formats))
+        again = recorded.failed if recorded is not None and recorded.failed and source.same_file(recorded) else ()
+        claims[doc.doc_id] = Claim(paths, source, same_pages and source.same_file(recorded) and paths.exist(formats),
+                                   failed_before=again or ())
     return claims

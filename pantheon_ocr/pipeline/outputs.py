@@ -275,13 +275,15 @@ def render_txt(results: Sequence[PageResult], source: Source | None = None) -> s
 def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
     """One page. `source` is "model" (OCR) or "text-layer" (the OCR failed, `error` says why,
     and the text is the PDF's own text layer). `doc_pages`: the page selection the document's
-    outputs were made with (naming.Source.pages), only when it is not every page."""
+    outputs were made with (naming.Source.pages), only when it is not every page; `doc_failed`:
+    the document's failed pages (naming.Source.failed), only when there are some."""
     return {
         "doc": source.path if source is not None else path_record(result.doc.path),
         "doc_sha256": source.sha256 if source is not None else None,
         "doc_size": source.size if source is not None else None,
         "doc_mtime_ns": source.mtime_ns if source is not None else None,
-    } | ({"doc_pages": source.pages} if source is not None and source.pages is not None else {}) | {
+    } | ({"doc_pages": source.pages} if source is not None and source.pages is not None else {}) | (
+        {"doc_failed": list(source.failed)} if source is not None and source.failed else {}) | {
         "doc_id": result.doc.doc_id,
         "page": result.page,
         "text": result.text if _has_text(result) else "",
@@ -312,6 +314,8 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     archive jobs make them, have it from the document's relative name: naming.output_root): a
     symbolic link or a file planted in it where a folder of this document's goes fails the
     document with a PlantedPath (an OSError) naming it, before anything is written or removed."""
+    if source is not None:  # what failed is recorded, so that the next run reads the document again
+        source = dataclasses.replace(source, failed=tuple(sorted(r.page for r in results if r.error is not None)) or None)
     files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
     n_crops = len(files)
     if page_files:

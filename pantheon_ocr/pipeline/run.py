@@ -121,7 +121,7 @@ class _Run:
         self.outcomes: dict[str, DocumentOutcome] = {}
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
-        self.pages_done = self.pages_failed = self.tokens = self.pages_cut = 0
+        self.pages_done = self.pages_failed = self.tokens = self.pages_cut = self.pages_from_text_layer = 0
         self.t0 = self.last_progress = time.perf_counter()
         self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
@@ -152,6 +152,8 @@ class _Run:
             tokens=self.tokens,
             seconds=time.perf_counter() - self.t0,
             pages_cut=self.pages_cut,
+            pages_failed=self.pages_failed,
+            pages_from_text_layer=self.pages_from_text_layer,
         )
 
     def _plan(self) -> None:
@@ -159,7 +161,7 @@ class _Run:
             self._plan_tasks(self.explicit_tasks)
             return
         opts = self.options
-        to_open = []
+        to_open, again = [], {}
         claims = claim_all(self.documents, self.paths, opts.formats, opts.pages)  # outputs of other pages are not done
         for doc in self.documents:
             claim = claims[doc.doc_id]
@@ -172,6 +174,8 @@ class _Run:
                 )
             else:
                 to_open.append(doc)
+                if claim.failed_before and not opts.overwrite:
+                    again[doc.doc_id] = f"read again: {_pages_said(claim.failed_before)} failed last time"
         # Opening a PDF runs PDFium, so it happens in a worker too.
         counts = self.pool.imap(count_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
         for outcome in counts:
@@ -188,7 +192,8 @@ class _Run:
                                          f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
             self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
-                                                note=past_end_note(opts.pages, n_pages))  # read what exists, say what not
+                                                note="; ".join(filter(None, (again.get(doc.doc_id),
+                                                                             past_end_note(opts.pages, n_pages)))))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages]
 
     def _plan_tasks(self, tasks: list[PageTask]) -> None:
@@ -245,6 +250,7 @@ class _Run:
         self.tokens += result.n_tokens
         self.pages_failed += result.error is not None
         self.pages_cut += result.error is None and result.finish_reason == "max_tokens"
+        self.pages_from_text_layer += result.error is None and result.from_text_layer
         if self.on_page is not None:
             self.on_page(result)
         state = self.states[result.doc.doc_id]
@@ -320,3 +326,11 @@ class _Run:
         if self.fallback is not None:
             self.fallback.close()
         self.figures.close()
+
+
+def _pages_said(pages: tuple[int, ...]) -> str:
+    """'page 3', 'pages 2, 5 and 9', 'pages 1, 2, 3 and 40 more'."""
+    if len(pages) == 1:
+        return f"page {pages[0]}"
+    shown = ", ".join(map(str, pages[:3 if len(pages) > 4 else len(pages) - 1]))
+    return f"pages {shown} and {len(pages) - 3} more" if len(pages) > 4 else f"pages {shown} and {pages[-1]}"

@@ -177,6 +177,8 @@ class RunSummary:
     seconds: float = 0.0
     unreadable: tuple[PageFailure, ...] = ()  # input paths that never became documents (missing, FIFO, ...)
     pages_cut: int = 0  # pages (or a line of them) that stopped at max_tokens: their text is cut short
+    pages_failed: int = 0  # of pages_done: failed in the pipeline (before any text layer stood in)
+    pages_from_text_layer: int = 0  # of pages_done: kept from the PDF's text layer (--text-layer prefer)
 
     @property
     def failed_pages(self) -> list[PageFailure]:

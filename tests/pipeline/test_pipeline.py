@@ -217,6 +217,43 @@ def test_skip_existing_and_overwrite(tmp_path):
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2)])
 
 
+def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
+    """Outputs with a hole (a page timed out) are no document's last word: they record the failed
+    pages, and the next run reads the document again (it once skipped it, "outputs exist", exit 0,
+    the hole kept for good). Once whole, it is skipped."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    for formats in (("md", "jsonl"), ("jsonl",)):
+        folder = tmp_path / "-".join(formats)
+        out = dict(formats=formats)
+        first = run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(folder, **out))
+        assert first.documents[0].status == "partial" and first.exit_code == ExitCode.PAGES_FAILED
+        engine = FakeEngine()
+        again = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
+        (outcome,) = again.documents
+        assert outcome.status == "written" and outcome.note == "read again: page 2 failed last time"
+        assert len(engine.prefills) == 3 and again.exit_code == ExitCode.OK
+        if "md" in formats:
+            assert md_body(folder / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
+        records = [json.loads(r) for r in (folder / "out" / "a.jsonl").read_text().splitlines()]
+        assert all(r["error"] is None and "doc_failed" not in r for r in records)
+        engine = FakeEngine()
+        third = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
+        assert third.documents[0].status == "skipped" and engine.prefills == []
+
+
+def test_the_same_file_by_another_path_is_not_read_twice(tmp_path):
+    """in/../in/a.pdf, or a.pdf reached through a linked folder, is the file whose outputs are
+    there: skipped, not read again and written beside them as a-<id>.md."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 2, doc_no=1)
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path))
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    for spelling in (tmp_path / "in" / ".." / "in" / "a.pdf", tmp_path / "link" / "a.pdf"):
+        engine = FakeEngine()
+        summary = run_pipeline(expand_inputs([str(spelling)]), engine, options(tmp_path))
+        assert summary.documents[0].status == "skipped" and engine.prefills == []
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["a.md"]
+
+
 def test_a_shared_name_stays_with_the_document_whose_outputs_hold_it(tmp_path):
     """b/x.pdf alone, then a/x.pdf with it: a sorts first and would take x.md, but x.md is b's.
     b keeps it (skipped: nothing read twice, no second copy) and a takes its own suffixed name;

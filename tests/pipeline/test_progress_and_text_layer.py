@@ -86,7 +86,40 @@ def test_the_live_line_keeps_failures_speed_and_clock_on_a_narrow_terminal(monke
     LiveLine(tty)(Progress(1234, 5678, 2, 1_234_567, 12, 40, 3725.0, 1240, 1238, 1236, 8))
     line = tty.getvalue().strip("\r\n")
     assert line.startswith("pages 1234/5678 · 2 failed · 1,234,567 tok 331 tok/s · 1:02:05") and len(line) < columns
-    assert ("[render 1240 · vision 1238 · prefill 1236 · decoding 8]" in line) == (columns == 200)
+    assert ("[docs 12/40 · render 1240 · vision 1238 · prefill 1236 · decoding 8]" in line) == (columns == 200)
+    assert "1:02:05 · ~3:43:34 left" in line  # 3725 s for 1234 pages, 4444 to go
+
+
+def test_a_live_line_cut_short_ends_before_what_follows():
+    """Ctrl-C mid-run: the summary once began on the live line (`...decoding 1]^Cwritten ...`)."""
+    from pantheon_ocr.pipeline.types import Progress
+
+    tty = io.StringIO()
+    bar = LiveLine(tty)
+    bar(Progress(3, 10, 0, 300, 1, 4, 12.0))
+    bar.end()
+    bar.end()  # once only
+    assert tty.getvalue().startswith("\rpages 3/10 · 300 tok 25 tok/s · 0:12 · ~0:28 left")
+    assert tty.getvalue().count("\n") == 1 and tty.getvalue().endswith("\n")
+    lines = io.StringIO()
+    DocumentLines(lines).end()
+    assert lines.getvalue() == ""
+
+
+def test_a_log_hears_from_a_long_document_every_minute(monkeypatch):
+    """Without a terminal a line came only as a document finished: a 700-page PDF left the
+    nightly log silent for an hour."""
+    from pantheon_ocr.commands import progress
+    from pantheon_ocr.pipeline.types import Progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    lines = DocumentLines(log)
+    for t, done in ((30, 60), (61, 130), (90, 190), (125, 260)):
+        clock[0] = 1000.0 + t
+        lines(Progress(done, 700, 0, 0, 0, 1, float(t)))
+    assert log.getvalue() == "... pages 130/700, 1:01, ~4:27 left\n... pages 260/700, 2:05, ~3:31 left\n"
 
 
 def test_counts_keep_documents_and_pages_apart(tmp_path):
@@ -98,8 +131,12 @@ def test_counts_keep_documents_and_pages_apart(tmp_path):
     text = "\n".join(summary_lines(summary))
     assert "2 documents failed:" in text and "page(s)" not in text  # short.pdf has no page 2; bad.pdf no pages
     assert "short.pdf: none of the selected pages (2) exists: the document has 1 page" in text
-    assert text.splitlines()[-1].startswith("3 documents (1 written, 2 failed); 1 page read")
+    assert text.splitlines()[-1].startswith("3 documents (1 written, 2 failed); 1 page read, ")
     assert summary.exit_code == 1
+    # a page that failed was not read: counted apart
+    summary = run_pipeline(expand_inputs([str(good)]), FakeEngine(fail_vision=lambda f: f.page == 1),
+                           opts(tmp_path, overwrite=True))
+    assert summary_lines(summary)[-1].startswith("1 document (1 partial); 1 page read, 1 failed, ")
 
 
 def test_the_failure_heading_reads_as_english(tmp_path):
@@ -142,6 +179,7 @@ def test_text_layer_prefer_keeps_real_text_and_reads_the_rest(tmp_path):
     records = [json.loads(r) for r in (tmp_path / "out" / "a.jsonl").read_text().splitlines()]
     assert [r["source"] for r in records] == ["text-layer", "model", "text-layer"]
     assert all(r["error"] is None for r in records)
+    assert summary_lines(summary)[-1].startswith("1 document (1 written); 1 page read, 2 from the text layer, ")
     # ocr: the text layer is never looked at
     engine = FakeEngine()
     run_pipeline(expand_inputs([str(a)]), engine, opts(tmp_path, text_layer="ocr", overwrite=True))

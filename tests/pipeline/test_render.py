@@ -38,6 +38,20 @@ def test_expand_folder_recursive_sorted_filtered(tmp_path):
     assert all(d.path.is_absolute() for d in docs)
 
 
+def test_linked_folders_are_read_once_and_loops_end(tmp_path):
+    """A folder of scans linked into the input folder is read (it was passed over in silence);
+    a link back up (a loop) and a second link to the same folder add nothing."""
+    touch(tmp_path / "in" / "a.pdf")
+    touch(tmp_path / "elsewhere" / "scan1.png")
+    touch(tmp_path / "elsewhere" / "deep" / "scan2.png")
+    (tmp_path / "in" / "scans").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "in" / "scans-again").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere" / "deep" / "up").symlink_to(tmp_path / "in")  # a loop through the link
+    (tmp_path / "in" / "gone").symlink_to(tmp_path / "nowhere")  # a dangling link: no document name
+    docs = expand_inputs([str(tmp_path / "in")])
+    assert [str(d.rel) for d in docs] == ["a.pdf", "scans/deep/scan2.png", "scans/scan1.png"]
+
+
 def test_expand_files_globs_order_and_dedupe(tmp_path):
     a = touch(tmp_path / "x" / "a.pdf")
     touch(tmp_path / "x" / "b.webp")

@@ -187,21 +187,44 @@ class RenderPool:
     def _start_worker(self) -> bool:
         """One more worker; False where the system has no room for it (open files, processes)
         and others run: the pool goes on with those. ResourceError where it has none at all."""
-        free = _fds_free()
         try:
-            if free is not None and free < FDS_FOR_A_WORKER:
-                raise OSError(errno.EMFILE, "Too many open files")
-            self._workers.append(_Worker(self._ctx))
+            self._workers.append(self._new_worker())
             return True
         except OSError as e:
-            if e.errno not in RESOURCE_ERRNOS:
-                raise
-            if self._workers:
-                self.n_workers = len(self._workers)  # as many as fit
-                return False
-            why = (f"too many open files: {open_files_limit(e.errno)}" if e.errno in (errno.EMFILE, errno.ENFILE) else
-                   f"{e.strerror} (a limit such as ulimit -u or ulimit -v)")
-            raise ResourceError(f"cannot start a render worker: {why}") from None
+            self._no_room(e)
+            return False
+
+    def _new_worker(self) -> _Worker:
+        """A started worker, or an OSError where the system has no room for one."""
+        free = _fds_free()
+        if free is not None and free < FDS_FOR_A_WORKER:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return _Worker(self._ctx)
+
+    def _no_room(self, e: OSError) -> None:
+        """A worker that could not start: the pool goes on with those there are (as many as fit),
+        ResourceError when there are none; an error that is no want of room is raised as it is."""
+        if e.errno not in RESOURCE_ERRNOS:
+            raise e
+        if self._workers:
+            self.n_workers = len(self._workers)
+            return
+        why = (f"too many open files: {open_files_limit(e.errno)}" if e.errno in (errno.EMFILE, errno.ENFILE) else
+               f"{e.strerror} (a limit such as ulimit -u or ulimit -v)")
+        raise ResourceError(f"cannot start a render worker: {why}") from None
+
+    def _respawn(self, i: int) -> bool:
+        """A new worker in slot i, in place of one stopped; where there is no room for it now (the
+        files or processes another part of the run took meanwhile) the slot goes and the pool runs
+        on the others. False then."""
+        try:
+            self._workers[i] = self._new_worker()
+            self.restarts += 1
+            return True
+        except OSError as e:
+            self._workers.pop(i)
+            self._no_room(e)
+            return False
 
     def close(self) -> None:
         self._closed = True
@@ -263,8 +286,10 @@ class RenderPool:
         w = self._workers[i]
         if not w.process.is_alive():  # died while idle (OOM killer, ...): not this task's fault
             w.stop(grace=0.0)
-            self._workers[i] = w = _Worker(self._ctx)
-            self.restarts += 1
+            if not self._respawn(i):
+                self._waiting.appendleft(task)  # for another worker
+                return
+            w = self._workers[i]
         w.task = task
         w.deadline = time.monotonic() + self.timeout if self.timeout else float("inf")
         try:
@@ -328,5 +353,4 @@ class RenderPool:
                 f"render worker processes fail to start ({_describe_exit(old.process.exitcode)}); "
                 "see the messages above. Is the main module importable by worker processes?"
             )
-        self._workers[i] = _Worker(self._ctx)
-        self.restarts += 1
+        self._respawn(i)

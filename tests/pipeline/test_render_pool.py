@@ -179,3 +179,23 @@ def test_no_room_for_more_workers_runs_on_those_there_are(monkeypatch):
         list(pool.imap(square, [(2,)]))
     assert caught.value.exit_code == ExitCode.OUT_OF_RESOURCES
     assert str(caught.value).startswith("cannot start a render worker: too many open files: the limit of open files")
+
+
+def test_no_room_to_replace_a_crashed_worker_runs_on_the_others(monkeypatch, pdf10):
+    """A worker crashed, and the files it held went meanwhile to another part of the run: its
+    replacement has no room. The pool goes on with the worker left (the replacement once raised
+    a bare OSError out of the run); with none left, one ResourceError (exit 71)."""
+    from pantheon_ocr.errors import ResourceError
+    from pantheon_ocr.pipeline import render_pool
+
+    room = iter([64, 64])  # room for the two workers, then none
+    monkeypatch.setattr(render_pool, "_fds_free", lambda: next(room, 0))
+    hook = CrashingRender({("ten.pdf", 3)}, mode="exit")
+    with RenderPool(workers=2) as pool:
+        outcomes = list(pool.imap(hook, [(pdf10, i, 200) for i in range(10)]))
+        assert [o.index for o in outcomes if o.error is not None] == [3]
+        assert all(read_marks(o.value) == (2, o.index + 1) for o in outcomes if o.index != 3)
+        assert len(pool._workers) == 1 and pool.n_workers == 1 and pool.restarts == 0
+    room = iter([64])
+    with RenderPool(workers=1) as pool, pytest.raises(ResourceError, match="^cannot start a render worker: too many"):
+        list(pool.imap(hook, [(pdf10, i, 200) for i in range(10)]))

@@ -238,7 +238,7 @@ class _JobRun:
         """Say it when the model or the reading settings changed since the last run: what was
         read before keeps the old text unless --reread (reading.py)."""
         now, before = reading_settings(self.spec), self.state.reading()
-        if before is not None and not self.reread and self.state.counts()["pages"].get("done"):
+        if before is not None and not self.reread and self.state.any_page_done():
             changed = changes(before, now)
             if changed:
                 self.log.notes.append(f"the reading changed since the last run ({'; '.join(changed)}): pages read "

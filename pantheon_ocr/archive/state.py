@@ -1,6 +1,6 @@
 """An archive job's state: one SQLite file (WAL) with documents, pages, attempts, runs and
 the run lock. This is the only module that knows the schema: every SQL statement of the
-archive is a method of `JobState`.
+archive is a method of `JobState` (those of the `meta` table in meta.py).
 
 Why SQLite: every page result is committed in its own transaction, so a `kill -9` at any
 moment loses at most the pages still in flight, and a page is recorded at most once (the
@@ -27,6 +27,7 @@ from typing import Callable
 from ..errors import JobError, WriteError, path_text
 from ..pipeline.files import special_kind
 from ..pipeline.types import STAGES
+from .meta import MetaMixin
 from .sqlite import (APPLICATION_ID, StateDamaged, Txn, advice, connect, create, db_name, remove_stale_temps,
                      translate)
 
@@ -109,8 +110,9 @@ class Salvage:
     unreadable: list[tuple] = field(default_factory=list)  # (path, doc_id, kind, rel, output, sha256, error)
 
 
-class JobState:
-    """One connection to a job's state. Rows come back as sqlite3.Row (by column name)."""
+class JobState(MetaMixin):
+    """One connection to a job's state. Rows come back as sqlite3.Row (by column name); what the
+    state knows of the job as a whole (the last reading, marks) is meta.py's."""
 
     def __init__(self, db: sqlite3.Connection, path: Path | None = None):
         self.db, self.path = db, path
@@ -249,33 +251,11 @@ class JobState:
                            [(db_name(path), doc_id, kind, db_name(rel), db_name(output), sha, error, time.time())
                             for path, doc_id, kind, rel, output, sha, error in salvage.unreadable])
 
-    def reading(self) -> dict | None:
-        """The reading settings of the last run (reading.py), None before the first."""
-        row = self.db.execute("SELECT value FROM meta WHERE key='reading'").fetchone()
-        try:
-            return json.loads(row[0]) if row else None
-        except ValueError:
-            return None
-
-    def set_reading(self, reading: dict) -> None:
-        with Txn(self.db) as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('reading', ?)", (json.dumps(reading, sort_keys=True),))
-
     def reread(self, row_id: int) -> None:
         """Every page of the document pending again, with all its attempts (`--reread`)."""
         with Txn(self.db) as db:
             db.execute("UPDATE pages SET status='pending', attempts=0 WHERE doc=? AND status!='pending'", (row_id,))
             db.execute("UPDATE documents SET status='pending' WHERE id=?", (row_id,))
-
-    def must_recover(self) -> bool:
-        """True until a run has taken back the pages the outputs on disk already hold (a new
-        state's first run; a run killed before it was done leaves it for the next)."""
-        row = self.db.execute("SELECT value FROM meta WHERE key='recover_outputs'").fetchone()
-        return row is not None and row[0] == "1"
-
-    def recovered(self) -> None:
-        with Txn(self.db) as db:
-            db.execute("DELETE FROM meta WHERE key='recover_outputs'")
 
     # ----------------------------------------------------------------------- runs and lock
 
@@ -457,6 +437,9 @@ class JobState:
         """Documents and pages by status."""
         return {"documents": dict(self.db.execute("SELECT status, count(*) FROM documents GROUP BY status").fetchall()),
                 "pages": dict(self.db.execute("SELECT status, count(*) FROM pages GROUP BY status").fetchall())}
+
+    def any_page_done(self) -> bool:
+        return self.db.execute("SELECT 1 FROM pages WHERE status='done' LIMIT 1").fetchone() is not None
 
     def not_in_last_run(self) -> int:
         last = self.db.execute("SELECT max(id) FROM runs").fetchone()[0] or 0

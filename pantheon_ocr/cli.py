@@ -4,6 +4,7 @@ so `pantheon-ocr --help` stays instant (no numpy, no engine)."""
 from __future__ import annotations
 
 import errno
+import logging
 import sys
 import traceback
 from importlib import import_module
@@ -96,11 +97,24 @@ def main(argv: list[str] | None = None) -> int:
         return _main(args, verbose)
 
 
+def _debug_log() -> None:
+    """The library's debug log (a failed page's traceback, what Core ML converts) on stderr, once."""
+    root = logging.getLogger("pantheon_ocr")
+    if not any(getattr(h, "pantheon_cli", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("debug: %(message)s"))
+        handler.pantheon_cli = True
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+
+
 def _main(args: list[str], verbose: bool) -> int:
     from .commands.pipes import ReaderGone, to_devnull
     from .errors import ExitCode, PantheonError, open_files_limit
 
     _more_open_files()
+    if verbose:
+        _debug_log()
     try:
         code = cli.main(args=args, prog_name="pantheon-ocr", standalone_mode=False)
         return code if isinstance(code, int) else 0

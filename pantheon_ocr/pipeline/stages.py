@@ -14,6 +14,7 @@ the current call (engine/cancel.py), and the interrupted pages are abandoned, ne
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -25,6 +26,7 @@ from ..engine.threads import adopt_threads, restage, stage_share
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
+log = logging.getLogger("pantheon_ocr.pipeline")
 END = object()  # end of a stage's stream
 POLL = 0.1  # seconds: how often a blocked stage looks at `stop`
 
@@ -151,6 +153,12 @@ class Stages:
         page.payload = None
         self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds))
 
+    def _failed_with(self, page: _Page, what: str, e: Exception) -> None:
+        """A page failed by an exception of the engine: its reason names it; the traceback goes to
+        the log (`-v` shows it), since such a failure is most often a bug to report."""
+        log.debug("page %s of %s: %s", page.task.page, page.task.doc.path, what, exc_info=e)
+        self._fail(page, f"{what}: {type(e).__name__}: {e}")
+
     def _feed(self) -> None:
         items = ((t.doc, t.page_index, self.edge, self.options.password) for t in self.tasks)
         for outcome in self.pool.imap(self.render_fn, items, self.stop):
@@ -170,7 +178,7 @@ class Stages:
             page.payload = self.engine.vision(page.payload)
         except Exception as e:  # noqa: BLE001 - one page's failure
             page.seconds["vision"] = time.perf_counter() - t0
-            self._fail(page, f"vision stage failed: {type(e).__name__}: {e}")
+            self._failed_with(page, "vision stage failed", e)
             return False
         page.seconds["vision"] = time.perf_counter() - t0
         self.counts["encoded"] += 1
@@ -241,7 +249,7 @@ class Stages:
             except Exception as e:  # noqa: BLE001 - cannot tell which page: fail this batch
                 for a in self._active:
                     a.seq.close()
-                    self._fail(a.page, f"decode step failed: {type(e).__name__}: {e}")
+                    self._failed_with(a.page, "decode step failed", e)
                 self._active = []
                 continue
             dt = time.perf_counter() - t0
@@ -276,7 +284,7 @@ class Stages:
             seq = self.engine.start_prefill(page.payload, sampling)
         except Exception as e:  # noqa: BLE001
             page.seconds["prefill"] += time.perf_counter() - t0
-            self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
+            self._failed_with(page, "prefill failed", e)
             return None
         page.seconds["prefill"] += time.perf_counter() - t0
         return _Active(page, seq)
@@ -293,7 +301,7 @@ class Stages:
             except Exception as e:  # noqa: BLE001
                 page.seconds["prefill"] += time.perf_counter() - t0
                 j.seq.close()
-                self._fail(page, f"prefill failed: {type(e).__name__}: {e}")
+                self._failed_with(page, "prefill failed", e)
                 j.seq = None
                 return True
             page.seconds["prefill"] += time.perf_counter() - t0
@@ -314,7 +322,7 @@ class Stages:
         try:
             text = a.seq.text()
         except Exception as e:  # noqa: BLE001
-            self._fail(a.page, f"detokenizing failed: {type(e).__name__}: {e}")
+            self._failed_with(a.page, "detokenizing failed", e)
             return
         task = a.page.task
         self.results.put(PageResult(task.doc, task.page, text, a.seq.n_tokens, a.seq.finish_reason, None, a.page.seconds))

@@ -460,3 +460,34 @@ def test_temperature_must_be_finite(tmp_path, value):
     code, err = cli("transcribe", tmp_path / "a.pdf", "--temperature", value, "--model", ROOT / "samples" / "tiny-model",
                     "-o", tmp_path / "out", "--no-progress")
     assert code == ExitCode.BAD_ARGUMENTS and "temperature" in err, err
+
+
+def test_a_page_an_engine_error_failed_logs_its_traceback(tmp_path, caplog):
+    """Its reason names the exception; the traceback, most often a bug's, goes to the debug log
+    that `-v` shows (it was nowhere)."""
+    import logging
+
+    a = write_pdf(tmp_path / "a.pdf", 2, 1)
+    with caplog.at_level(logging.DEBUG, logger="pantheon_ocr"):
+        summary = run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), opts(tmp_path))
+    assert [f.reason for f in summary.failed_pages] == ["vision stage failed: RuntimeError: fake vision failure on doc 1 page 2"]
+    (record,) = [r for r in caplog.records if r.name == "pantheon_ocr.pipeline"]
+    assert record.getMessage() == f"page 2 of {a}: vision stage failed" and record.exc_info[0] is RuntimeError
+
+
+def test_verbose_cli_shows_the_debug_log(capfd):
+    import logging
+
+    from pantheon_ocr import cli
+
+    root = logging.getLogger("pantheon_ocr")
+    level, handlers = root.level, list(root.handlers)
+    try:
+        assert cli.main(["-v", "--help"]) == 0
+        logging.getLogger("pantheon_ocr.pipeline").debug("seen under -v")
+        assert "debug: seen under -v" in capfd.readouterr().err
+        cli.main(["-v", "--help"])  # again: still one handler
+        assert sum(getattr(h, "pantheon_cli", False) for h in root.handlers) == 1
+    finally:  # the rest of the tests without it
+        root.handlers[:] = handlers
+        root.setLevel(level)

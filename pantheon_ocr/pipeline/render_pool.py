@@ -71,6 +71,10 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from . import render  # for clear_pdf_cache; the task functions import what they need
 
+    # C libraries print to stderr of their own accord (libtiff's "TIFFAdvanceDirectory: ...
+    # tempfile.tif: Error fetching directory count." for a TIFF cut short): the page's reason says
+    # it in our words, so during a task fd 2 goes to /dev/null; the worker's own errors keep it.
+    quiet, stderr = os.open(os.devnull, os.O_WRONLY), os.dup(2)
     try:
         conn.send(("ready", None, 0.0))  # tells the parent that start-up worked
         while True:
@@ -82,12 +86,15 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
                 break
             fn, args = msg
             t0 = time.perf_counter()
+            os.dup2(quiet, 2)
             try:
                 reply = ("ok", fn(*args))
             except InputError as e:  # pickled whole (PantheonError's contract)
                 reply = ("input", e)
             except Exception as e:  # noqa: BLE001 - any failure belongs to this task only
                 reply = ("exc", f"{type(e).__name__}: {e}")
+            finally:
+                os.dup2(stderr, 2)
             try:
                 conn.send((*reply, time.perf_counter() - t0))
             except OSError:

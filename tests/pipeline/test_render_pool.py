@@ -199,3 +199,34 @@ def test_no_room_to_replace_a_crashed_worker_runs_on_the_others(monkeypatch, pdf
     room = iter([64])
     with RenderPool(workers=1) as pool, pytest.raises(ResourceError, match="^cannot start a render worker: too many"):
         list(pool.imap(hook, [(pdf10, i, 200) for i in range(10)]))
+
+
+def test_a_c_library_says_nothing_on_stderr_of_its_own(tmp_path):
+    """libtiff prints "TIFFAdvanceDirectory: ... tempfile.tif: Error fetching directory count."
+    for a TIFF cut short, a name the user never gave; the page's failure says it in our words."""
+    import subprocess
+    import sys
+
+    from PIL import Image, ImageDraw
+
+    frames = [Image.new("L", (600, 800), 255) for _ in range(4)]
+    for i, frame in enumerate(frames):
+        ImageDraw.Draw(frame).text((50, 50 + 30 * i), f"page {i + 1}", fill=0)
+    frames[0].save(tmp_path / "full.tif", save_all=True, append_images=frames[1:], compression="tiff_lzw")
+    data = (tmp_path / "full.tif").read_bytes()
+    (tmp_path / "cut.tif").write_bytes(data[: len(data) * 9 // 10])  # LZW strips are libtiff's: it speaks
+    script = (
+        "import sys\n"
+        "from pantheon_ocr.pipeline.inputs import make_document\n"
+        "from pantheon_ocr.pipeline.render import count_pages, render_page\n"
+        "from pantheon_ocr.pipeline.render_pool import RenderPool\n"
+        f"doc = make_document({str(tmp_path / 'cut.tif')!r})\n"
+        "with RenderPool(workers=1) as pool:\n"
+        "    (n,) = [o.value for o in pool.imap(count_pages, [(doc,)])]\n"
+        "    out = list(pool.imap(render_page, [(doc, i, 300) for i in range(n)]))\n"
+        "print(n, [o.error is None for o in out])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "4" and "False" in proc.stdout  # the cut frame fails as its page
+    assert proc.stderr == ""

@@ -100,12 +100,21 @@ def main(argv: list[str] | None = None) -> int:
 def _debug_log() -> None:
     """The library's debug log (a failed page's traceback, what Core ML converts) on stderr, once."""
     root = logging.getLogger("pantheon_ocr")
-    if not any(getattr(h, "pantheon_cli", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _Stderr) for h in root.handlers):
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("debug: %(message)s"))
-        handler.pantheon_cli = True
         root.addHandler(handler)
     root.setLevel(logging.DEBUG)
+
+
+class _Stderr(logging.Handler):
+    """To whatever sys.stderr is when a record comes (guarded_stderr, a test's capture)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - a log line is never worth the run
+            self.handleError(record)
 
 
 def _main(args: list[str], verbose: bool) -> int:

@@ -101,7 +101,7 @@ class Planner:
         """An empty folder or glob is a quiet night, not an error; a missing path, a FIFO, a
         link loop, ... is a failure of this run (named once), and the other inputs go ahead."""
         problems: list[InputError] = []
-        docs = expand_inputs(list(self.spec.inputs), problems)
+        docs = expand_inputs(list(self.spec.inputs), problems, follow_links=False)
         for e in problems:
             if isinstance(e, NothingFound):
                 self.log.notes.append(f"{path_text(e.path)}: {e.problem}")

@@ -51,7 +51,7 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
         try:
             pulled = local_pair(str(model))
         except ModelError as e:
-            if "/" not in str(model) and os.sep not in str(model):
+            if ("/" not in str(model) and os.sep not in str(model)) or not e.problem.startswith("not pulled"):
                 raise
             # owner/repo is also how a relative path is written: a mistyped folder is said as one
             raise ModelError(e.path, f"no such file or folder, and {e.problem} if it is a model on the Hub") from None

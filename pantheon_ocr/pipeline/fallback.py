@@ -1,8 +1,8 @@
 """A PDF's own text layer, as `--text-layer` asks:
 
 - fallback (the default): a PDF page whose OCR failed (every attempt) takes the PDF's own text
-  layer, when it has one that is no glyph soup (`text_layer_problem`, however short), instead of
-  leaving a hole. The page stays counted as failed (its error
+  layer, when it has one that is no glyph soup (`text_layer_problem`, however short and whatever
+  the order of its letters), instead of leaving a hole. The page stays counted as failed (its error
   is kept, so the run still says what went wrong); the Markdown marks it
   `<!-- page N text-layer: reason -->`, JSONL `"source": "text-layer"`.
 - prefer: before any OCR, every selected PDF page whose text layer holds real text
@@ -25,8 +25,8 @@ from typing import Sequence
 import re
 import unicodedata
 
-from .letter_pairs import gibberish
-from .render import text_layer, text_layer_and_cover
+from .letter_pairs import MOST_CHARS, gibberish
+from .render import SIDEWAYS, text_layer, text_layer_and_cover
 from .render_pool import RenderPool
 from .types import TEXT_LAYER, PageResult, PageTask
 
@@ -44,9 +44,11 @@ ODD_SHARE, GARBAGE_RUN_SHARE = 0.05, 0.03
 LEADERS = re.compile(r"([^\w\s]{1,2})(?: ?\1){2,}")
 
 
-def text_layer_problem(text: str, min_chars: int = MIN_CHARS) -> str | None:
-    """Why a page's text layer is not real text, or None when it is."""
-    text = LEADERS.sub(" ", text)
+def text_layer_problem(text: str, min_chars: int = MIN_CHARS, letter_order: bool = True) -> str | None:
+    """Why a page's text layer is not real text, or None when it is. Judged on its first
+    MOST_CHARS characters. `letter_order`: refuse letters in an order no language has too (a
+    list of part numbers scores so, and is better than nothing where the OCR failed)."""
+    text = LEADERS.sub(" ", text[:MOST_CHARS])
     chars = [c for c in text if not c.isspace()]
     if len(chars) < max(min_chars, 1):
         return f"{len(chars)} characters of text"
@@ -61,7 +63,7 @@ def text_layer_problem(text: str, min_chars: int = MIN_CHARS) -> str | None:
     runs = [m.group() for m in GARBAGE_RUN.finditer(text) if len(set(m.group())) > 2]
     if sum(map(len, runs)) > GARBAGE_RUN_SHARE * len(chars):
         return f"runs of garbage glyphs ({runs[0][:12]!r})"
-    score = gibberish(text)
+    score = gibberish(text) if letter_order else None
     if score is not None:  # a font without a true character map: words, in the wrong letters
         return f"letters in an order no language has (score {score:.2f})"
     return None
@@ -75,10 +77,6 @@ def text_layer_problem(text: str, min_chars: int = MIN_CHARS) -> str | None:
 SCAN_IMAGES, STAMP_TEXT = 0.8, 0.02
 
 
-# A page whose text mostly runs sideways on the page (a landscape table set on a portrait page and
-# turned upright by /Rotate): PDFium glues its lines and reverses its columns, so `prefer` reads
-# the page as it is shown instead.
-SIDEWAYS = 0.5
 
 
 def stamp_on_a_scan(images: float, texts: float) -> bool:
@@ -101,8 +99,10 @@ class TextLayerFallback:
         found: dict[tuple[str, int], str] = {}
         items = [(r.doc, r.page - 1, self.password) for r in wanted]
         for outcome in self.pool.imap(text_layer, items, stop or threading.Event()):
-            # Any text stands in for a failed page, however short, but not glyph soup
-            if outcome.error is None and outcome.value and text_layer_problem(outcome.value, min_chars=1) is None:
+            # Any text stands in for a failed page, however short and whatever its letters, but
+            # not glyph soup
+            if outcome.error is None and outcome.value and \
+                    text_layer_problem(outcome.value, min_chars=1, letter_order=False) is None:
                 r = wanted[outcome.index]
                 found[(r.doc.doc_id, r.page)] = outcome.value
         return [dataclasses.replace(r, text=found[(r.doc.doc_id, r.page)], finish_reason=TEXT_LAYER)
@@ -121,6 +121,8 @@ class TextLayerFallback:
             if outcome.error is not None:
                 continue
             text, images, texts, sideways = outcome.value
+            # text running sideways on the page (a landscape table on a portrait page, turned
+            # upright by /Rotate) comes out with lines glued and columns reversed: read as shown
             if text and text_layer_problem(text) is None and not stamp_on_a_scan(images, texts) \
                     and sideways < SIDEWAYS:
                 t = wanted[outcome.index]

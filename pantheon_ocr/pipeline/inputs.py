@@ -63,10 +63,13 @@ class NothingFound(InputError):
     for an archive job."""
 
 
-def expand_inputs(items: list[str], problems: list[InputError] | None = None) -> list[Document]:
+def expand_inputs(items: list[str], problems: list[InputError] | None = None,
+                  follow_links: bool = True) -> list[Document]:
     """Files, globs and folders -> documents, in the order given; folders and globs are
     expanded recursively and sorted. Hidden files/folders are skipped (macOS `._x.pdf` litter).
-    A file reached twice is kept once.
+    A file reached twice is kept once. Linked folders inside a folder are walked unless not
+    `follow_links` (archive jobs: a link planted in an upload folder must not lead them all over
+    the disk).
 
     Every path is stat'ed before anything opens it, and only regular files become documents:
     a missing path, a dangling or looping link, a FIFO, socket or device, an unreadable file, an
@@ -84,7 +87,7 @@ def expand_inputs(items: list[str], problems: list[InputError] | None = None) ->
             problems.append(e)
 
     for item in items:
-        for path, rel, st in _expand_one(item, bad):
+        for path, rel, st in _expand_one(item, bad, follow_links):
             # one file however it is spelled or linked to; a hard link (another name in the file
             # system for the same bytes) is a document of its own, as the user named it
             key = (st.st_dev, st.st_ino)
@@ -169,7 +172,7 @@ def empty_path(item: str) -> InputError | None:
     return InputError(repr(item), "an empty path (an unset shell variable?): give a file, folder or pattern")
 
 
-def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
+def _expand_one(item: str, bad, follow_links: bool = True) -> list[tuple[Path, PurePath, os.stat_result]]:
     problem = empty_path(item)
     if problem is not None:
         bad(problem)
@@ -184,7 +187,7 @@ def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
             if st is None:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                found += _walk(m, bad, base)
+                found += _walk(m, bad, base, follow_links)
             elif _check_file(m, st, bad):
                 found.append((m, PurePath(os.path.relpath(m, base)), st))
         if not found:
@@ -194,7 +197,7 @@ def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
     if st is None:
         return []
     if stat.S_ISDIR(st.st_mode):
-        found = _walk(p, bad)
+        found = _walk(p, bad, follow_links=follow_links)
         if not found:
             bad(NothingFound(item, "folder contains no PDF or image files"))
         return found
@@ -206,21 +209,31 @@ def _expand_one(item: str, bad) -> list[tuple[Path, PurePath, os.stat_result]]:
     return [(p, PurePath(p.name), st)]
 
 
-def _walk(root: Path, bad, base: Path | None = None) -> list[tuple[Path, PurePath, os.stat_result]]:
-    """Documents under a folder, linked folders included (a folder reached again, through a
-    loop or a second link, is walked once); hidden files and folders are passed over. A listed
-    file with a document extension is stat'ed, and if it is not a regular file it is named as bad."""
+def _walk(root: Path, bad, base: Path | None = None, follow_links: bool = True
+          ) -> list[tuple[Path, PurePath, os.stat_result]]:
+    """Documents under a folder; hidden files and folders are passed over. A listed file with a
+    document extension is stat'ed, and if it is not a regular file it is named as bad.
+
+    Linked folders are followed when `follow_links` (a folder of scans linked in): those whose
+    real folder is inside `root` are not, since that folder is walked under its own name (a link
+    sorting first would otherwise rename its documents, and a loop back up ends there), and a
+    folder outside reached twice (two links, a loop out there) is walked once."""
     base = root if base is None else base
     found = []
-    walked: set[tuple[int, int]] = set()
+    inside, walked = os.path.realpath(root), set()
 
     def unlistable(e: OSError) -> None:
         bad(InputError(e.filename or root, f"cannot list folder: {e.strerror or e}"))
 
-    def first_visit(folder: str) -> bool:
+    def to_walk(folder: str) -> bool:
+        if folder == str(root) or not os.path.islink(folder):
+            return True
+        real = os.path.realpath(folder)
+        if os.path.commonpath([inside, real]) == inside:
+            return False
         try:
-            st = os.stat(folder)
-        except OSError:  # a dangling link to a folder is a file name os.walk lists as a folder
+            st = os.stat(real)
+        except OSError:
             return False
         key = (st.st_dev, st.st_ino)
         if key in walked:
@@ -228,8 +241,8 @@ def _walk(root: Path, bad, base: Path | None = None) -> list[tuple[Path, PurePat
         walked.add(key)
         return True
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=True):
-        if not first_visit(dirpath):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=follow_links):
+        if not to_walk(dirpath):
             dirnames[:] = []
             continue
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # the first of two links is the same each run

@@ -65,9 +65,10 @@ class Source:
     size: int | None = None
     mtime_ns: int | None = None
     pages: str | None = None  # after these: callers build Source(path, sha256) positionally (archive/rebuild.py)
-    # The pages that failed (text-layer stand-ins included) when the outputs were written: such
-    # outputs are no document's last word, and the next run reads the document again.
-    failed: tuple[int, ...] | None = None
+    # The pages that failed (text-layer stand-ins included, not the input's own damage) when the
+    # outputs were written, in page_selection's form ("2-5,9"): such outputs are no document's
+    # last word, and the next run reads the document again.
+    failed: str | None = None
 
     def header(self) -> str:
         """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
@@ -76,7 +77,7 @@ class Source:
         fields = {"source": self.path, "sha256": self.sha256, "size": self.size, "mtime_ns": self.mtime_ns}
         fields = {k: v for k, v in fields.items() if v is not None} | ({} if self.page is None else {"page": self.page})
         fields |= {} if self.pages is None else {"pages": self.pages}
-        fields |= {"failed": list(self.failed)} if self.failed else {}
+        fields |= {"failed": self.failed} if self.failed else {}
         return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
 
     def same_file(self, other: "Source | None") -> bool:
@@ -100,11 +101,18 @@ def same_input(recorded: str, path: str) -> bool:
         return False
 
 
-def _failed(value) -> tuple[int, ...] | None:
+_PAGE_LIST = re.compile(r"[1-9]\d{0,8}(-[1-9]\d{0,8})?(,[1-9]\d{0,8}(-[1-9]\d{0,8})?)*")
+
+
+def failed_pages(pages) -> str | None:
+    """Failed page numbers as outputs record them: "2-5,9"; None for none."""
+    pages = sorted(set(pages))
+    return page_selection(",".join(map(str, pages))) if pages else None
+
+
+def _failed(value) -> str | None:
     """A recorded list of failed pages; None for none or for a value that is no list of pages."""
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    return None
+    return value if isinstance(value, str) and _PAGE_LIST.fullmatch(value) else None
 
 
 def page_selection(spec: str | None) -> str | None:
@@ -298,7 +306,7 @@ class Claim:
     source: Source | None  # None when the input could not be read (`error` says why)
     done: bool  # its outputs exist, complete, from this very file and page selection: skip unless overwriting
     error: str | None = None
-    failed_before: tuple[int, ...] = ()  # pages its outputs of this very file record as failed: read again
+    failed_before: str | None = None  # pages its outputs of this very file record as failed: read again
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
@@ -323,7 +331,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         except OSError as e:
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
-        again = recorded.failed if recorded is not None and recorded.failed and source.same_file(recorded) else ()
+        again = recorded.failed if recorded is not None and source.same_file(recorded) else None
         claims[doc.doc_id] = Claim(paths, source, same_pages and source.same_file(recorded) and paths.exist(formats),
-                                   failed_before=again or ())
+                                   failed_before=again)
     return claims

@@ -45,7 +45,7 @@ from typing import Sequence
 from ..errors import WriteError, path_record, path_text
 from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
 from .files import OutputFolder, OutputTree
-from .naming import OutputPaths, Source, output_root
+from .naming import OutputPaths, Source, failed_pages, output_root
 from .types import STAGES, TEXT_LAYER, PageResult
 
 TEMP_PREFIX = ".pantheon-"
@@ -283,7 +283,7 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
         "doc_size": source.size if source is not None else None,
         "doc_mtime_ns": source.mtime_ns if source is not None else None,
     } | ({"doc_pages": source.pages} if source is not None and source.pages is not None else {}) | (
-        {"doc_failed": list(source.failed)} if source is not None and source.failed else {}) | {
+        {"doc_failed": source.failed} if source is not None and source.failed else {}) | {
         "doc_id": result.doc.doc_id,
         "page": result.page,
         "text": result.text if _has_text(result) else "",
@@ -315,7 +315,7 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     symbolic link or a file planted in it where a folder of this document's goes fails the
     document with a PlantedPath (an OSError) naming it, before anything is written or removed."""
     if source is not None:  # what failed is recorded, so that the next run reads the document again
-        source = dataclasses.replace(source, failed=tuple(sorted(r.page for r in results if r.error is not None)) or None)
+        source = dataclasses.replace(source, failed=failed_pages(r.page for r in results if r.error is not None and not r.lasting))
     files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
     n_crops = len(files)
     if page_files:

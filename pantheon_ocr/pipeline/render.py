@@ -81,7 +81,9 @@ def text_layer_and_cover(doc: Document, page_index: int, password: str | None = 
 
     The text is read with the page's /Rotate set aside: PDFium orders the lines of a page turned
     by 90 degrees bottom to top and the words of one turned by 180 right to left, where the page's
-    own upright text reads in order."""
+    own upright text reads in order. Text that runs sideways on the page (SIDEWAYS of it: a
+    landscape table set on a portrait page, shown upright by /Rotate) reads in order only with
+    the page's /Rotate, so it is read again with it."""
     if doc.kind != "pdf":
         return "", 0.0, 0.0, 0.0
     import pypdfium2 as pdfium
@@ -98,15 +100,11 @@ def text_layer_and_cover(doc: Document, page_index: int, password: str | None = 
                 rotation = page.get_rotation()
                 page.set_rotation(0)  # in memory only, and put back: the cached document also renders
                 try:
-                    textpage = page.get_textpage()
-                    try:
-                        text = textpage.get_text_bounded()
-                        if cover:
-                            sideways = _sideways_share(pdfium_c, textpage)
-                    finally:
-                        textpage.close()
+                    text, sideways = _read_text(page, pdfium_c)
                 finally:
                     page.set_rotation(rotation)
+                if sideways >= SIDEWAYS and rotation:
+                    text = _read_text(page, pdfium_c)[0]
                 if cover:
                     width, height = page.get_size()
                     area = max(width * height, 1e-9)
@@ -123,6 +121,18 @@ def text_layer_and_cover(doc: Document, page_index: int, password: str | None = 
             raise InputError(doc.path, f"PDFium cannot read the page's text layer ({e})", page=page_index + 1) from None
     text = "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
     return text, min(images, 1.0), min(texts, 1.0), sideways
+
+
+SIDEWAYS = 0.5  # a page whose characters run sideways at least this much: its text is sideways
+
+
+def _read_text(page, pdfium_c) -> tuple[str, float]:
+    """(the page's text as it is turned now, the share of its characters that run sideways)."""
+    textpage = page.get_textpage()
+    try:
+        return textpage.get_text_bounded(), _sideways_share(pdfium_c, textpage)
+    finally:
+        textpage.close()
 
 
 def _sideways_share(pdfium_c, textpage, most: int = 2000) -> float:

@@ -328,9 +328,6 @@ class _Run:
         self.figures.close()
 
 
-def _pages_said(pages: tuple[int, ...]) -> str:
-    """'page 3', 'pages 2, 5 and 9', 'pages 1, 2, 3 and 40 more'."""
-    if len(pages) == 1:
-        return f"page {pages[0]}"
-    shown = ", ".join(map(str, pages[:3 if len(pages) > 4 else len(pages) - 1]))
-    return f"pages {shown} and {len(pages) - 3} more" if len(pages) > 4 else f"pages {shown} and {pages[-1]}"
+def _pages_said(pages: str) -> str:
+    """'page 3', 'pages 2-5, 9' (failed pages as outputs record them)."""
+    return f"page {pages}" if pages.isdigit() else f"pages {pages.replace(',', ', ')}"

@@ -288,13 +288,14 @@ def _split_tall(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int) -> list[tupl
     """A band taller than ~1.7 lines is two touching lines: cut at the emptiest row near a valley,
     and the halves again (a loop, not recursion: a page of tiny print holds thousands)."""
     out, todo = [], [band]
+    whole = ctx.ink[band[0]:band[1], x0:x1].sum(axis=1).astype(np.float64)  # once: halves slice it
     while todo:
         b0, b1 = todo.pop()
         h = b1 - b0
         if ctx.line_h <= 0 or h < 1.7 * ctx.line_h:
             out.append((b0, b1))
             continue
-        profile = ctx.ink[b0:b1, x0:x1].sum(axis=1).astype(np.float64)
+        profile = whole[b0 - band[0]: b1 - band[0]]
         margin = max(1, int(0.6 * ctx.line_h))  # each half keeps at least a row
         lo, hi = margin, h - margin
         cut = lo + int(np.argmin(profile[lo:hi])) if hi > lo else 0

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ..engine.cancel import Cancelled, cancel_on
 from ..engine.threads import adopt_threads, restage, stage_share
+from ..errors import InputError
 from .render_pool import RenderPool
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
@@ -148,10 +149,10 @@ class Stages:
             with self._held_lock:
                 self._held -= 1
 
-    def _fail(self, page: _Page, reason: str) -> None:
+    def _fail(self, page: _Page, reason: str, lasting: bool = False) -> None:
         self._ended(page)
         page.payload = None
-        self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds))
+        self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds, lasting=lasting))
 
     def _failed_with(self, page: _Page, what: str, e: Exception) -> None:
         """A page failed by an exception of the engine: its reason names it; the traceback goes to
@@ -165,7 +166,8 @@ class Stages:
             page = _Page(self.tasks[outcome.index], outcome.value)
             page.seconds["render"] = outcome.seconds
             if outcome.error is not None:
-                self._fail(page, outcome.error.problem)  # InputError and WorkerError both say it there
+                # InputError and WorkerError both say it there; the page's own damage lasts
+                self._fail(page, outcome.error.problem, lasting=isinstance(outcome.error, InputError))
                 continue
             self.counts["rendered"] += 1
             if not self._put(self.render_q, page):
@@ -247,9 +249,10 @@ class Stages:
             try:
                 self.engine.decode_step([a.seq for a in self._active])
             except Exception as e:  # noqa: BLE001 - cannot tell which page: fail this batch
+                log.debug("a decode step of %d pages failed", len(self._active), exc_info=e)  # once for all
                 for a in self._active:
                     a.seq.close()
-                    self._failed_with(a.page, "decode step failed", e)
+                    self._fail(a.page, f"decode step failed: {type(e).__name__}: {e}")
                 self._active = []
                 continue
             dt = time.perf_counter() - t0

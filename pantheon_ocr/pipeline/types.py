@@ -100,6 +100,9 @@ class PageResult:
     error: str | None  # why the page failed; None on success
     seconds: dict[str, float] = field(default_factory=dict)  # STAGES -> wall seconds
     figures: tuple = ()  # figures.Figure: image regions a bbox model found, cropped (set when writing)
+    # the failure is the input's own (a damaged or too small page): reading it again gives the
+    # same, so outputs do not record it as one to read again
+    lasting: bool = False
 
     @property
     def ok(self) -> bool:

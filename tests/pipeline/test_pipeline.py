@@ -241,6 +241,27 @@ def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
         assert third.documents[0].status == "skipped" and engine.prefills == []
 
 
+def test_a_page_damaged_in_the_file_is_not_read_again_and_again(tmp_path):
+    """A failure the input itself makes (a TIFF whose last frame is cut short) is the same on every
+    run: its outputs do not record it, and the next run skips the document (a 700-page document
+    with one damaged page was read whole every night, exit 1 each time)."""
+    from PIL import ImageDraw
+
+    frames = [Image.new("L", (600, 800), 255) for _ in range(4)]
+    for i, frame in enumerate(frames):
+        ImageDraw.Draw(frame).text((50, 50), f"page {i + 1}", fill=0)
+    (tmp_path / "in").mkdir()
+    frames[0].save(tmp_path / "full.tif", save_all=True, append_images=frames[1:], compression="tiff_lzw")
+    data = (tmp_path / "full.tif").read_bytes()
+    (tmp_path / "in" / "cut.tif").write_bytes(data[: len(data) * 9 // 10])
+    first = run_pipeline(expand_inputs([str(tmp_path / "in")]), FakeEngine(), options(tmp_path))
+    assert first.documents[0].status == "partial" and [f.page for f in first.failed_pages] == [4]
+    assert '"failed"' not in (tmp_path / "out" / "cut.md").read_text().splitlines()[0]
+    engine = FakeEngine()
+    again = run_pipeline(expand_inputs([str(tmp_path / "in")]), engine, options(tmp_path))
+    assert again.documents[0].status == "skipped" and engine.prefills == []
+
+
 def test_the_same_file_by_another_path_is_not_read_twice(tmp_path):
     """in/../in/a.pdf, or a.pdf reached through a linked folder, is the file whose outputs are
     there: skipped, not read again and written beside them as a-<id>.md."""

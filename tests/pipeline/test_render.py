@@ -40,7 +40,8 @@ def test_expand_folder_recursive_sorted_filtered(tmp_path):
 
 def test_linked_folders_are_read_once_and_loops_end(tmp_path):
     """A folder of scans linked into the input folder is read (it was passed over in silence);
-    a link back up (a loop) and a second link to the same folder add nothing."""
+    a link back up (a loop), a second link to the same folder and a link to a folder inside the
+    input folder add nothing."""
     touch(tmp_path / "in" / "a.pdf")
     touch(tmp_path / "elsewhere" / "scan1.png")
     touch(tmp_path / "elsewhere" / "deep" / "scan2.png")
@@ -50,6 +51,14 @@ def test_linked_folders_are_read_once_and_loops_end(tmp_path):
     (tmp_path / "in" / "gone").symlink_to(tmp_path / "nowhere")  # a dangling link: no document name
     docs = expand_inputs([str(tmp_path / "in")])
     assert [str(d.rel) for d in docs] == ["a.pdf", "scans/deep/scan2.png", "scans/scan1.png"]
+    # a link to a folder inside the input folder, sorting before it: its documents keep their names
+    touch(tmp_path / "in" / "b" / "x.pdf")
+    (tmp_path / "in" / "a-link").symlink_to(tmp_path / "in" / "b")
+    (tmp_path / "in" / "b" / "loop").symlink_to(tmp_path / "in")
+    docs = expand_inputs([str(tmp_path / "in")])
+    assert [str(d.rel) for d in docs] == ["a.pdf", "b/x.pdf", "scans/deep/scan2.png", "scans/scan1.png"]
+    # archive jobs follow no linked folder
+    assert [str(d.rel) for d in expand_inputs([str(tmp_path / "in")], follow_links=False)] == ["a.pdf", "b/x.pdf"]
 
 
 def test_expand_files_globs_order_and_dedupe(tmp_path):

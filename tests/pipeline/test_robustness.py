@@ -487,7 +487,7 @@ def test_verbose_cli_shows_the_debug_log(capfd):
         logging.getLogger("pantheon_ocr.pipeline").debug("seen under -v")
         assert "debug: seen under -v" in capfd.readouterr().err
         cli.main(["-v", "--help"])  # again: still one handler
-        assert sum(getattr(h, "pantheon_cli", False) for h in root.handlers) == 1
+        assert sum(isinstance(h, cli._Stderr) for h in root.handlers) == 1
     finally:  # the rest of the tests without it
         root.handlers[:] = handlers
         root.setLevel(level)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nightly archive run for cron or a systemd timer: one job file, a dated log, the exit code
 # passed on (0 ok, 1 some pages or input paths failed, 2 bad job file or damaged job state,
-# 3 bad model, 4 no input readable, 69 the Hub unreachable (models pull only), 70 an internal
+# 3 bad model, 4 no input readable, 69 the Ray cluster unreachable or gone (--ray), 70 an internal
 # error (a bug), 71 out of memory or open files, 73 an output or the job state cannot be written
 # (disk full, read-only, permissions), 75 still running from the night before, 130 stopped,
 # 141 its output's reader gone: not with a log file). A run that finds its job still running

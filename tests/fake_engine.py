@@ -249,6 +249,23 @@ class EngineFactory:
         return engine, []
 
 
+class DieOnce:
+    """An on_step hook that kills the process it runs in (a Ray worker: what the OOM killer or a
+    kill -9 does) at its `step`-th decode step, once per marker file; picklable by reference."""
+
+    def __init__(self, marker: str, step: int = 2):
+        self.marker, self.step = marker, step
+
+    def __call__(self, n: int) -> None:
+        if n == self.step:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return
+            os.close(fd)
+            os._exit(9)
+
+
 def expected_text(doc: int, page: int, n_tokens: int | None = None) -> str:
     n = 3 + page % 5 if n_tokens is None else n_tokens
     return f"doc {doc} page {page}: " + " ".join(f"t{i}" for i in range(n))

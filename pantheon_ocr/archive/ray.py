@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -29,8 +30,8 @@ from collections import deque
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
-from ..errors import JobError
-from ..pipeline.types import STAGES, PageResult, PageTask, PipelineOptions, Progress
+from ..errors import JobError, NetworkError, PantheonError
+from ..pipeline.types import STAGES, DocumentOutcome, PageFailure, PageResult, PageTask, PipelineOptions, Progress
 
 RAY_MISSING = "--ray needs Ray: pip install 'pantheon-ocr[ray]' (or pip install 'ray[data]>=2.40')"
 
@@ -99,25 +100,53 @@ class RayExecutor:
 
     def _start(self, ray) -> None:
         if not ray.is_initialized():
-            if self.address == "local":
-                ray.init(include_dashboard=False)
-            else:
-                import pantheon_ocr
+            _reachable(self.address)
+            term = signal.getsignal(signal.SIGTERM)
+            try:
+                if self.address == "local":
+                    ray.init(include_dashboard=False)
+                else:
+                    import pantheon_ocr
 
-                ray.init(address=self.address, runtime_env={"py_modules": [str(Path(pantheon_ocr.__file__).parent)]})
+                    ray.init(address=self.address, runtime_env={"py_modules": [str(Path(pantheon_ocr.__file__).parent)]})
+            except ConnectionError as e:  # refused, a token it wants, no cluster at all
+                raise NetworkError(f"the Ray cluster at {self.address}", f"cannot connect: {_said(e)}") from None
+            finally:
+                # ray.init takes SIGTERM over (its handler exits at once, its core worker aborts):
+                # a stopped run must still record itself and let go of its lock
+                if term is not None:
+                    signal.signal(signal.SIGTERM, term)
             self.started_ray = True
         if self.actors:
             return
-        n = self.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // self.cpus_per_worker))
+        n = self._how_many(ray)
         actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=2, max_task_retries=0)(PageWorker)
         self.actors = [actor_cls.remote(self.engine_factory) for _ in range(n)]
         try:
             placed = ray.get([a.where.remote() for a in self.actors])  # once the engines are built
         except ray.exceptions.RayError as e:
             self.close()
-            raise JobError(f"Ray workers could not start the engine: {_first_line(e)}") from None
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, PantheonError):  # a missing model on the nodes is a model error (3), as here
+                raise cause from None
+            raise JobError(f"Ray workers could not start the engine: {_said(e)}") from None
         self.placement = [(host, pid) for host, pid, _ in placed]
         self.notes = list(dict.fromkeys(self.notes + [n for _, _, notes in placed for n in notes]))
+
+    def _how_many(self, ray) -> int:
+        """Workers the cluster can place: as many as asked (or one per cpus_per_worker of the
+        cluster's CPUs), no more than fit, since an actor no node can take waits for ever."""
+        cpus = [float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+        fit = sum(int(c // self.cpus_per_worker) for c in cpus)
+        if fit < 1:
+            raise JobError(f"no node of the Ray cluster has {self.cpus_per_worker:g} CPUs for a worker (ray.cpus_per_worker; "
+                           f"the nodes have {', '.join(f'{c:g}' for c in cpus) or 'none'})")
+        n = self.workers or fit
+        if n > fit:
+            self.notes.append(f"{n} Ray workers asked for, {fit} fit the cluster's CPUs "
+                              f"({sum(cpus):g} at {self.cpus_per_worker:g} a worker): {fit} started")
+            n = fit
+        return n
 
     def run(self, tasks: Sequence[PageTask], options: PipelineOptions, on_page, on_progress=None) -> bool:
         """Run the tasks; on_page gets each PageResult in this (the driver's) thread. Returns
@@ -125,14 +154,27 @@ class RayExecutor:
         ray = import_ray()
         self._start(ray)
         docs = {t.doc.doc_id: t.doc for t in tasks}
-        t0, done, failed, tokens = time.perf_counter(), 0, 0, 0
+        left = {d: sum(t.doc.doc_id == d for t in tasks) for d in docs}  # pages still to come back
+        failures: dict[str, list[PageFailure]] = {d: [] for d in docs}
+        t0, done, failed, tokens, docs_done = time.perf_counter(), 0, 0, 0, 0
 
         def emit(result: PageResult) -> None:
-            nonlocal done, failed, tokens
+            nonlocal done, failed, tokens, docs_done
             done, failed, tokens = done + 1, failed + (result.error is not None), tokens + result.n_tokens
             on_page(result)
+            d = result.doc.doc_id
+            left[d] -= 1
+            if result.error is not None:
+                failures[d].append(PageFailure(str(result.doc.path), result.page, result.error))
+            finished = ()
+            if left[d] == 0:  # its pages are all back: a line for it, as the local pipeline says
+                docs_done += 1
+                n = sum(t.doc.doc_id == d for t in tasks)
+                status = "written" if not failures[d] else "failed" if len(failures[d]) == n else "partial"
+                finished = (DocumentOutcome(result.doc, status, (), n, tuple(failures[d])),)
             if on_progress is not None:
-                on_progress(Progress(done, len(tasks), failed, tokens, 0, len(docs), time.perf_counter() - t0))
+                on_progress(Progress(done, len(tasks), failed, tokens, docs_done, len(docs), time.perf_counter() - t0,
+                                     finished=finished))
 
         blobs, unreadable, runnable = {}, {}, []
         for t in tasks:
@@ -145,24 +187,43 @@ class RayExecutor:
                 emit(PageResult(t.doc, t.page, "", 0, None, unreadable[t.doc.doc_id]))
             else:
                 runnable.append(t)
-        chunks = deque(runnable[i:i + self.chunk_pages] for i in range(0, len(runnable), self.chunk_pages))
-        inflight: dict[Any, tuple[int, list[PageTask]]] = {}
+        chunks = deque((runnable[i:i + self.chunk_pages], 0) for i in range(0, len(runnable), self.chunk_pages))
+        inflight: dict[Any, tuple[int, list[PageTask], int]] = {}
         load = [0] * len(self.actors)
+        lost = [0] * len(self.actors)  # calls lost with the worker: past its restarts it is dead
+        last = ""
         try:
             while chunks or inflight:
-                while chunks and min(load) < self.in_flight:
-                    i = load.index(min(load))
-                    chunk = chunks.popleft()
+                live = [i for i in range(len(self.actors)) if lost[i] <= MAX_LOST]
+                if not live:  # the cluster went (ray stop, its nodes down): try again later
+                    raise NetworkError("the Ray cluster", f"every worker died ({len(self.actors)}; the last said: {last}); "
+                                                          "the pages not read stay pending for the next run")
+                while chunks and min(load[i] for i in live) < self.in_flight:
+                    i = min(live, key=lambda j: load[j])
+                    chunk, tries = chunks.popleft()
                     items = [(t.doc.doc_id, t.doc.kind, str(t.doc.rel), t.doc.path.name, t.page_index, t.n_pages, t.sampling)
                              for t in chunk]
                     ref = self.actors[i].run.remote(items, {d: blobs[d] for d in {t.doc.doc_id for t in chunk}}, options)
-                    inflight[ref] = (i, chunk)
+                    inflight[ref] = (i, chunk, tries)
                     load[i] += 1
                 ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)  # short: Ctrl-C stays prompt
                 for ref in ready:
-                    i, chunk = inflight.pop(ref)
+                    i, chunk, tries = inflight.pop(ref)
                     load[i] -= 1
-                    for result in self._results(ray, ref, chunk, docs):
+                    try:
+                        results = self._results(ray, ref, chunk, docs)
+                    except _WorkerLost as e:
+                        # the worker, not the pages: the chunk goes again, its attempt and sampling
+                        # unchanged (same text as if nothing happened); a chunk that keeps losing
+                        # its worker fails as pages do
+                        lost[i] += 1
+                        last = str(e)
+                        if tries + 1 < CHUNK_TRIES:
+                            chunks.appendleft((chunk, tries + 1))
+                            continue
+                        results = [PageResult(t.doc, t.page, "", 0, None, f"Ray worker failed {CHUNK_TRIES} times "
+                                                                          f"on it: {e}") for t in chunk]
+                    for result in results:
                         emit(result)
         except KeyboardInterrupt:
             self.close()  # kills the actors: their pages stay pending in the state
@@ -172,11 +233,14 @@ class RayExecutor:
         return False
 
     def _results(self, ray, ref, chunk: list[PageTask], docs: dict) -> list[PageResult]:
+        """The chunk's page results; _WorkerLost when the worker (not the pages) failed."""
         try:
             rows = ray.get(ref)
-        except ray.exceptions.RayError as e:  # the actor died or the call raised: fail the chunk's pages
-            reason = f"Ray worker failed: {_first_line(e)}"
+        except ray.exceptions.RayTaskError as e:  # the call raised in the worker: a bug, the chunk's pages fail
+            reason = f"Ray worker failed: {_said(e)}"
             return [PageResult(t.doc, t.page, "", 0, None, reason) for t in chunk]
+        except ray.exceptions.RayError as e:  # died, restarting, its node or the object gone
+            raise _WorkerLost(_said(e)) from None
         got = {(r["doc_id"], r["page"]): r for r in rows}
         out = []
         for t in chunk:
@@ -205,6 +269,39 @@ class RayExecutor:
             self.started_ray = False
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[-1] if text else type(e).__name__
+MAX_LOST = 3  # calls a worker may lose (its restarts, max_restarts=2, and one more) before it counts as dead
+CHUNK_TRIES = 3  # times a chunk is sent again after losing its worker before its pages fail
+
+
+class _WorkerLost(Exception):
+    """A chunk's worker died (or was restarting, or its node went): not the pages' failure."""
+
+
+def _said(e: BaseException) -> str:
+    """What a Ray error says, in a line: a worker's own exception as it was raised; else the first
+    sentence of Ray's message (its advice on the OOM killer and the like left out)."""
+    cause = getattr(e, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0][:300]
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    first = lines[0]
+    return (first.split(". ")[0] if len(first) > 300 else first)[:300]
+
+
+def _reachable(address: str) -> None:
+    """A HOST:PORT address answers on TCP within seconds, or NetworkError (69): ray.init would
+    retry for minutes, the lock held, printing C++ lines."""
+    if address in ("local", "auto") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT).close()
+    except ValueError:
+        raise JobError(f"{address}: not a Ray address (HOST:PORT, auto, local or ray://HOST:PORT)") from None
+    except OSError as e:
+        raise NetworkError(f"the Ray cluster at {address}", f"cannot be reached: {e.strerror or e}") from None
+
+
+REACH_TIMEOUT = 10.0  # seconds for a cluster's address to answer

@@ -13,10 +13,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'pantheon-ocr[ray]' runs the scale-out tests")
 
-from fake_engine import SAMPLES, EngineFactory, md_body  # noqa: E402
+from fake_engine import SAMPLES, DieOnce, EngineFactory, md_body  # noqa: E402
 from pantheon_ocr.archive.ray import RayExecutor  # noqa: E402
 from pantheon_ocr.archive.run import load_job, run_job  # noqa: E402
-from pantheon_ocr.errors import ExitCode  # noqa: E402
+from pantheon_ocr.errors import ExitCode, NetworkError  # noqa: E402
 
 from .harness import check_outputs, md_pages, pdf, run_cli, temp_litter, write_job  # noqa: E402
 
@@ -43,6 +43,38 @@ def test_cli_ray_local(tmp_path):
     assert "run 1 of job 'job' finished" in r.stderr
     check_outputs(tmp_path / "out", {"a.md": (1, 5), "c.md": (3, 2)})
     assert json.loads((tmp_path / "job-reports" / "run-0001.json").read_text())["executor"] == "ray"
+
+
+def test_sigterm_stops_a_run_on_ray_cleanly(tmp_path):
+    """ray.init took SIGTERM over: the driver aborted (134), no report, the run left 'running'
+    with its lock. Now as on one machine: 130, the run recorded, the lock released."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    job = make_inputs(tmp_path)
+    ready = tmp_path / "ready"
+    env = {**os.environ, **WORKER_ENV, "PANTHEON_TEST_ENGINE": json.dumps({"n_tokens": 6, "step_sleep": 0.2}),
+           "PANTHEON_TEST_READY": str(ready)}
+    harness = Path(__file__).resolve().parent / "harness.py"
+    proc = subprocess.Popen([sys.executable, str(harness), "archive", "run", str(job), "--ray", "local", "--ray-workers",
+                             "1", "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not ready.exists() and proc.poll() is None:
+        assert time.monotonic() - t0 < 240, "no page recorded"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    db = sqlite3.connect((tmp_path / "job.sqlite").as_uri() + "?mode=ro", uri=True)
+    try:
+        assert db.execute("SELECT status, exit_code FROM runs").fetchall() == [("interrupted", 130)]
+        assert db.execute("SELECT count(*) FROM lock").fetchall() == [(0,)]
+    finally:
+        db.close()
+    assert (tmp_path / "job-reports" / "run-0001.json").exists()
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +126,42 @@ def test_pipeline_script(tmp_path, local_ray, monkeypatch, capsys):
     assert "run 1 of job 'job' finished: 4 documents (4 new); 1 failed (unreadable), 3 written" in capsys.readouterr().err
     check_outputs(tmp_path / "out", {"a.md": (1, 5), "b.md": (2, 3), "c.md": (3, 2)})
     assert script.main([str(tmp_path / "missing.toml")]) == ExitCode.BAD_ARGUMENTS
+
+
+def test_a_worker_that_dies_costs_no_attempt_and_changes_no_text(tmp_path, local_ray):
+    """A worker killed mid-chunk (the OOM killer, kill -9): its chunk goes again, the same attempt
+    with the same sampling, so the night ends as on one machine. It used to fail the chunk's pages
+    as an attempt each (three such nights: failed for good) and read them again hotter."""
+    local_job, ray_job = make_inputs(tmp_path / "local"), make_inputs(tmp_path / "ray")
+    local = run_job(load_job(local_job), EngineFactory(loops=LOOPS))
+    executor = RayExecutor(EngineFactory(loops=LOOPS, on_step=DieOnce(str(tmp_path / "died"))), workers=2, chunk_pages=2)
+    seen = []
+    on_ray = run_job(load_job(ray_job), executor=executor, on_progress=seen.append)
+    assert (tmp_path / "died").exists()  # a worker did die
+    # progress as on one machine: documents finish (a line each round in a log), the last says all done
+    assert {o.doc.path.name for p in seen for o in p.finished} == {"a.pdf", "b.pdf", "c.pdf"}
+    assert (seen[-1].pages_done, seen[-1].docs_done) == (seen[-1].pages_total, seen[-1].docs_total)
+    assert on_ray.exit_code == local.exit_code
+    assert on_ray.summary["pages"]["attempted"] == local.summary["pages"]["attempted"]
+    for name in ("a.md", "b.md", "c.md"):
+        assert md_body(tmp_path / "ray" / "out" / name) == md_body(tmp_path / "local" / "out" / name)
+
+
+def test_more_workers_than_fit_start_those_that_fit(local_ray):
+    """--ray-workers 5 on 2 CPUs waited for ever for actors no node could take."""
+    executor = RayExecutor(EngineFactory(), workers=5)
+    try:
+        executor._start(local_ray)
+        assert len(executor.actors) == 2 and "5 Ray workers asked for, 2 fit" in executor.notes[0]
+    finally:
+        executor.close()
+
+
+def test_an_address_that_does_not_answer_is_said_at_once():
+    """ray.init retried for five minutes, the lock held, printing C++ lines."""
+    from pantheon_ocr.archive.ray import _reachable
+
+    with pytest.raises(NetworkError, match=r"^the Ray cluster at 127.0.0.1:1: cannot be reached: ") as caught:
+        _reachable("127.0.0.1:1")
+    assert caught.value.exit_code == ExitCode.NETWORK
+    _reachable("auto")  # left to Ray

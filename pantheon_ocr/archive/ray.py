@@ -49,7 +49,8 @@ class PageWorker:
 
     def __init__(self, engine_factory: Callable[[], Any]):
         self.engine, self.notes = engine_factory()
-        self.cache = Path(tempfile.mkdtemp(prefix="pantheon-ray-"))
+        _sweep_caches()
+        self.cache = Path(tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{os.getpid()}-"))
         self.files: dict[str, Path] = {}  # doc_id -> local copy of the input
 
     def where(self) -> tuple[str, int, list[str]]:
@@ -267,6 +268,20 @@ class RayExecutor:
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
+
+
+CACHE_PREFIX = "pantheon-ray-"  # + the worker's pid: the copies of its inputs
+
+
+def _sweep_caches() -> None:
+    """Input copies of workers that died without their shutdown (killed, OOM): removed by the
+    next worker on the node, so that a bad night does not fill /tmp."""
+    from .sqlite import pid_alive
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*-*"):
+        pid = folder.name[len(CACHE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 MAX_LOST = 3  # calls a worker may lose (its restarts, max_restarts=2, and one more) before it counts as dead

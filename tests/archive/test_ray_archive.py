@@ -145,6 +145,14 @@ def test_a_worker_that_dies_costs_no_attempt_and_changes_no_text(tmp_path, local
     assert on_ray.summary["pages"]["attempted"] == local.summary["pages"]["attempted"]
     for name in ("a.md", "b.md", "c.md"):
         assert md_body(tmp_path / "ray" / "out" / name) == md_body(tmp_path / "local" / "out" / name)
+    # the dead worker's copies of its inputs went with the worker that took its place
+    import tempfile
+
+    from pantheon_ocr.archive.ray import CACHE_PREFIX
+    from pantheon_ocr.archive.sqlite import pid_alive
+
+    left = [p.name for p in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*-*")]
+    assert all(pid_alive(int(name[len(CACHE_PREFIX):].split("-")[0])) for name in left), left
 
 
 def test_more_workers_than_fit_start_those_that_fit(local_ray):

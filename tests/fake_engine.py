@@ -39,6 +39,22 @@ def make_samples_module():
     return sys.modules[name]
 
 
+def lines_pdf(path: Path, pages: list[list[str]], x: float = 72, top: float = 700, step: float = 16,
+              size: float = 11, canvas=None) -> Path:
+    """A PDF (made there, folders too) whose page i shows pages[i]'s lines, one under the other,
+    in Helvetica with a text layer; `canvas(i)` gives page i's Canvas to draw on first."""
+    ms = make_samples_module()
+    canvases = []
+    for i, lines in enumerate(pages):
+        c = canvas(i) if canvas is not None else ms.Canvas()
+        for k, line in enumerate(lines):
+            c.text(x, top - step * k, line, size=size)
+        canvases.append(c)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(ms.build_pdf(canvases))
+    return path
+
+
 def marked_pdf(n_pages: int, doc_no: int = 1, size: tuple[float, float] = (612, 792)) -> bytes:
     ms = make_samples_module()
     pages = []

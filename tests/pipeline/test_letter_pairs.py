@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from fake_engine import FakeEngine, make_samples_module, md_body
+from fake_engine import FakeEngine, lines_pdf, md_body
 from pantheon_ocr.pipeline.fallback import text_layer_problem
 from pantheon_ocr.pipeline.inputs import expand_inputs
 from pantheon_ocr.pipeline.letter_pairs import GIBBERISH, MIN_PAIRS, TABLE, fold, gibberish, letter_pair_score
@@ -99,18 +99,9 @@ def opts(tmp_path: Path, **kw) -> PipelineOptions:
 
 def wrong_letters_pdf(path: Path) -> Path:
     """Page 1: a paragraph of text; page 2: the same words in letters shifted by 3."""
-    ms = make_samples_module()
-    pages = []
     words = REAL["en"].split()
     lines = [" ".join(words[i:i + 8]) for i in range(0, len(words), 8)]
-    for garble in (lambda s: s, lambda s: shift(s, 3)):
-        c = ms.Canvas()
-        for k, line in enumerate(lines):
-            c.text(72, 700 - 16 * k, garble(line), size=11)
-        pages.append(c)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(ms.build_pdf(pages))
-    return path
+    return lines_pdf(path, [lines, [shift(line, 3) for line in lines]])
 
 
 def test_prefer_reads_a_page_whose_layer_is_in_the_wrong_letters(tmp_path):

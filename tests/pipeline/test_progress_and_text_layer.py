@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fake_engine import FakeEngine, expected_text, make_samples_module, marked_pdf, md_body
+from fake_engine import FakeEngine, expected_text, lines_pdf, make_samples_module, marked_pdf, md_body
 from pantheon_ocr.commands.common import summary_lines
 from pantheon_ocr.commands.progress import DocumentLines, LiveLine
 from pantheon_ocr.engine.cancel import check as check_cancelled
@@ -153,19 +153,16 @@ def test_the_failure_heading_reads_as_english(tmp_path):
 def text_and_scan_pdf(path: Path) -> Path:
     """Page 1 and 3: marked squares and a paragraph of real text; page 2: the squares only (a scan)."""
     ms = make_samples_module()
-    pages = []
-    for i in (1, 2, 3):
+
+    def squares(i: int):
         c = ms.Canvas()
-        c.rect(0, 752, 40, 40, round(8 * i / 255, 4))
+        c.rect(0, 752, 40, 40, round(8 * (i + 1) / 255, 4))
         c.rect(40, 752, 40, 40, round(8 / 255, 4))
-        if i != 2:
-            for k, line in enumerate(("The quarterly report of the second page range,", "with 1,200 units sold in the",
-                                      f"northern region and a summary on page {i}.")):
-                c.text(100, 700 - 20 * k, line, size=12)
-        pages.append(c)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(ms.build_pdf(pages))
-    return path
+        return c
+
+    text = ["The quarterly report of the second page range,", "with 1,200 units sold in the"]
+    return lines_pdf(path, [text + [f"northern region and a summary on page {i}."] if i != 2 else [] for i in (1, 2, 3)],
+                     x=100, step=20, size=12, canvas=squares)
 
 
 def test_text_layer_prefer_keeps_real_text_and_reads_the_rest(tmp_path):

@@ -110,8 +110,8 @@ def test_the_loader_resolves_a_pulled_name(hub, tmp_path, monkeypatch):
     with pytest.raises(ModelError, match="not pulled .* run `pantheon-ocr models pull acme/tiny-GGUF`"):
         resolve_model("acme/tiny-GGUF", None)
     # owner/repo is also a relative folder's spelling: a mistyped one is said as one, the pull too
-    with pytest.raises(ModelError, match="^models/lightonocr: no such file or folder, and not pulled .* "
-                                         "models pull models/lightonocr` if it is a model on the Hub$"):
+    with pytest.raises(ModelError, match="^models/lightonocr: not pulled .*, and no file or folder of that name "
+                                         "here: run `pantheon-ocr models pull models/lightonocr`$"):
         resolve_model("models/lightonocr", None)
     with pytest.raises(ModelError, match="^lightonocr-2: not pulled"):  # a short name is no path
         resolve_model("lightonocr-2", None)

@@ -53,8 +53,10 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
         except ModelError as e:
             if ("/" not in str(model) and os.sep not in str(model)) or not e.problem.startswith("not pulled"):
                 raise
-            # owner/repo is also how a relative path is written: a mistyped folder is said as one
-            raise ModelError(e.path, f"no such file or folder, and {e.problem} if it is a model on the Hub") from None
+            # owner/repo is also how a relative path is written: a mistyped folder is said as one too
+            head, sep, pull = e.problem.partition("): run ")
+            raise ModelError(e.path, f"{head}), and no file or folder of that name here{sep and ': run '}{pull}",
+                             e.option) from None
         return pulled[0], proj or pulled[1]
     if text.is_dir():
         ggufs = sorted(text.glob("*.gguf"))

@@ -54,7 +54,9 @@ def test_sigterm_stops_a_run_on_ray_cleanly(tmp_path):
     import sys
     import time
 
-    job = make_inputs(tmp_path)
+    make_inputs(tmp_path)
+    # pages come back one at a time (a chunk's pages all come at once): the signal lands mid-run
+    job = write_job(tmp_path, ocr={"batch_size": 2}, ray={"chunk_pages": 1})
     ready = tmp_path / "ready"
     env = {**os.environ, **WORKER_ENV, "PANTHEON_TEST_ENGINE": json.dumps({"n_tokens": 6, "step_sleep": 0.2}),
            "PANTHEON_TEST_READY": str(ready)}

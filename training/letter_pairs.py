@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from pantheon_ocr.pipeline.letter_pairs import ALPHABET, TABLE, fold
+from pantheon_ocr.pipeline.letter_pairs import ALPHABET, TABLE, letter_pairs
 
 from .texts import CORPUS
 
@@ -16,13 +16,8 @@ from .texts import CORPUS
 def count(text: str) -> list[list[float]]:
     n = len(ALPHABET)
     pairs = [[0.0] * n for _ in range(n)]
-    for word in fold(text):
-        prev = 0
-        for c in word:
-            i = ALPHABET.index(c)
-            pairs[prev][i] += 1
-            prev = i
-        pairs[prev][0] += 1
+    for a, b in letter_pairs(text):
+        pairs[a][b] += 1
     return pairs
 
 

@@ -26,7 +26,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path, PurePath
 from typing import Any, Callable, Sequence
 
@@ -155,7 +155,8 @@ class RayExecutor:
         ray = import_ray()
         self._start(ray)
         docs = {t.doc.doc_id: t.doc for t in tasks}
-        left = {d: sum(t.doc.doc_id == d for t in tasks) for d in docs}  # pages still to come back
+        pages = Counter(t.doc.doc_id for t in tasks)  # each document's pages in this round
+        left = dict(pages)  # still to come back
         failures: dict[str, list[PageFailure]] = {d: [] for d in docs}
         t0, done, failed, tokens, docs_done = time.perf_counter(), 0, 0, 0, 0
 
@@ -170,9 +171,8 @@ class RayExecutor:
             finished = ()
             if left[d] == 0:  # its pages are all back: a line for it, as the local pipeline says
                 docs_done += 1
-                n = sum(t.doc.doc_id == d for t in tasks)
-                status = "written" if not failures[d] else "failed" if len(failures[d]) == n else "partial"
-                finished = (DocumentOutcome(result.doc, status, (), n, tuple(failures[d])),)
+                status = "written" if not failures[d] else "failed" if len(failures[d]) == pages[d] else "partial"
+                finished = (DocumentOutcome(result.doc, status, (), pages[d], tuple(failures[d])),)
             if on_progress is not None:
                 on_progress(Progress(done, len(tasks), failed, tokens, docs_done, len(docs), time.perf_counter() - t0,
                                      finished=finished))

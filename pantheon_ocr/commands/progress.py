@@ -47,6 +47,11 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def _left(p) -> str:
+    """The time left at the pace of the pages so far: rough while the first pages run, steady after."""
+    return _clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))
+
+
 class LiveLine(ProgressDisplay):
     def __init__(self, stream):
         self.stream, self.last, self.width = stream, 0.0, 0
@@ -60,9 +65,7 @@ class LiveLine(ProgressDisplay):
         rate = p.tokens / p.elapsed if p.elapsed > 0 else 0.0
         # what matters first (pages, failures, speed, time), then where the pages are: on a narrow
         # terminal the stages go, not the clock
-        left = ""  # by the pages so far: rough while the first pages run, steady after
-        if 0 < p.pages_done < p.pages_total:
-            left = f" · ~{_clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))} left"
+        left = f" · ~{_left(p)} left" if 0 < p.pages_done < p.pages_total else ""
         head = (f"pages {p.pages_done}/{p.pages_total}" + (f" · {p.pages_failed} failed" if p.pages_failed else "")
                 + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}" + left)
         stages = (f" [docs {p.docs_done}/{p.docs_total} · render {p.rendered} · vision {p.encoded} · "
@@ -100,8 +103,7 @@ class DocumentLines(ProgressDisplay):
             # a long document says nothing until it is done: the log shows the run is alive
             self.stream.write(f"... pages {p.pages_done}/{p.pages_total}"
                               + (f", {p.pages_failed} failed" if p.pages_failed else "") + f", {_clock(p.elapsed)}"
-                              + (f", ~{_clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))} left"
-                                 if p.pages_done else "") + "\n")
+                              + (f", ~{_left(p)} left" if p.pages_done else "") + "\n")
             self.last = now
         else:
             return

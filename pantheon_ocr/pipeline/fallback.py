@@ -8,8 +8,9 @@
 - prefer: before any OCR, every selected PDF page whose text layer holds real text
   (`text_layer_problem`: enough printable characters, mostly words, no runs of garbage glyphs,
   letters in the order of a written language; not a stamp on a scan, not sideways; a scan with
-  an OCR layer of its own counts as text) keeps it and is not read by OCR; the others are. Such a page is not a failure; it is marked `<!-- page N text-layer -->` and
-  `"source": "text-layer"` in JSONL.
+  an OCR layer of its own counts as text) keeps it and is not read by OCR; the others are. Such
+  a page is not a failure; it is marked `<!-- page N text-layer -->` and `"source": "text-layer"`
+  in JSONL.
 - ocr: the text layer is never looked at.
 
 The text is read by PDFium, so in a crash-proof render worker of its own (started on first use:
@@ -75,8 +76,6 @@ def text_layer_problem(text: str, min_chars: int = MIN_CHARS, letter_order: bool
 # fails). Measured: a stamp on a Letter scan 0.4%; an OCR layer of four lines 2.9%; a slide of
 # the dev set on a background picture 7.5%; pages of text 2.5-35%.
 SCAN_IMAGES, STAMP_TEXT = 0.8, 0.02
-
-
 
 
 def stamp_on_a_scan(images: float, texts: float) -> bool:

@@ -64,19 +64,26 @@ def fold(text: str) -> list[str]:
     return words
 
 
+def letter_pairs(text: str):
+    """(row, column) in ALPHABET of each letter after the one before in `text`'s words, a word's
+    edges (0) included: what the table counts and what a text is scored by."""
+    for word in fold(text):
+        prev = 0
+        for c in word:
+            i = _INDEX[c]
+            yield prev, i
+            prev = i
+        yield prev, 0
+
+
 def letter_pair_score(text: str) -> tuple[float, int]:
     """(mean log-probability of each letter after the one before, number of pairs): the mean is
     nan when there are no pairs."""
     table = _log_probs()
     total, n = 0.0, 0
-    for word in fold(text):
-        prev = 0
-        for c in word:
-            i = _INDEX[c]
-            total += table[prev][i]
-            prev = i
-        total += table[prev][0]
-        n += len(word) + 1
+    for a, b in letter_pairs(text):
+        total += table[a][b]
+        n += 1
     return (total / n if n else math.nan), n
 
 

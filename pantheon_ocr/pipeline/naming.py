@@ -331,7 +331,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         except OSError as e:
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
-        again = recorded.failed if recorded is not None and source.same_file(recorded) else None
-        claims[doc.doc_id] = Claim(paths, source, same_pages and source.same_file(recorded) and paths.exist(formats),
-                                   failed_before=again)
+        same = source.same_file(recorded)
+        claims[doc.doc_id] = Claim(paths, source, same_pages and same and paths.exist(formats),
+                                   failed_before=recorded.failed if same else None)
     return claims

@@ -12,16 +12,14 @@ bytes are the same, so the rebuild run's exit code is a normal night's. The new 
 planned like a first night, and then, as in every new state's first run (state.must_recover:
 until it is done, so a kill half-way leaves it to the next run), every page whose text the
 existing outputs still hold is recorded as done without OCR, if the output records this very input (its path and sha256, see
-pipeline/naming.py): the JSONL when there is one (exact text, tokens, finish reason), else the
-Markdown. Pages that failed, stood in from the text layer, or whose output is missing or
-belongs to a changed input are OCR'd as usual.
+pipeline/naming.py), as pipeline/readback.py reads them back. Pages it does not give back (failed,
+from the text layer, linking image crops) and pages whose output is missing or belongs to a changed
+input are OCR'd as usual.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sqlite3
 import time
 from pathlib import Path
@@ -29,16 +27,13 @@ from pathlib import Path
 from ..errors import JobError, path_record, path_text
 from ..pipeline.inputs import Document
 from ..pipeline.naming import OutputPaths, Source
-from ..pipeline.outputs import unescape_markers
+from ..pipeline.readback import read_pages
 from ..pipeline.types import PipelineOptions
 from .lock import JobLocked, lock_is_stale
 from .report import RunLog, last_report_run
 from .sqlite import StateDamaged, translate
 from .state import JobState, Salvage
 from .wording import count
-
-_MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
-
 
 def fresh_state(spec) -> tuple[JobState, str | None]:
     """Set the job's state file aside (if there is one) and open a new one, with what the old
@@ -108,7 +103,8 @@ def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Docum
         if str(paths.base) != row["output"]:
             state.set_output(row_id, str(paths.base))
         wanted = {p["page"] for p in state.pages(row_id) if p["status"] == "pending"}
-        n = sum(state.recover_page(run_id, row_id, page, *pages[page]) for page in sorted(wanted & pages.keys()))
+        n = sum(state.recover_page(run_id, row_id, page, pages[page].text, pages[page].n_tokens, pages[page].finish_reason)
+                for page in sorted(wanted & pages.keys()))
         recovered += n
         if n and n == len(wanted):  # every page back: the outputs are the document's, as they are
             state.set_document_status(row_id, "done", None)
@@ -119,59 +115,14 @@ def recover_pages(state: JobState, run_id: int, docs: dict[str, tuple[int, Docum
 
 
 def _find_outputs(base: Path, doc: Document, source: Source, options: PipelineOptions):
-    """(paths, {page: (text, n_tokens, finish_reason)}) from the outputs recording `source`,
+    """(paths, {page: readback.KeptPage}) from the outputs recording `source`,
     under the planned name or the other name a document may have (with or without -<id>)."""
     tag = f"-{doc.doc_id[:8]}"
     other = base.with_name(base.name[: -len(tag)]) if base.name.endswith(tag) else base.with_name(base.name + tag)
     for candidate in (base, other):
         paths = OutputPaths(candidate)
         if source.same_file(paths.recorded_source(options.formats)):
-            pages = _read_pages(paths, options.formats)
+            pages = read_pages(paths, options.formats)
             if pages:
                 return paths, pages
     return None
-
-
-def _read_pages(paths: OutputPaths, formats) -> dict[int, tuple[str, int, str | None]]:
-    """Intact pages (OCR'd, not failed, not from the text layer) of a document's outputs."""
-    try:
-        if "jsonl" in formats:
-            return _from_jsonl(paths.file("jsonl").read_text(encoding="utf-8"))
-        if "md" in formats:
-            return _from_markdown(paths.file("md").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
-    return {}
-
-
-def _from_jsonl(text: str) -> dict[int, tuple[str, int, str | None]]:
-    pages = {}
-    for line in text.splitlines():
-        rec = json.loads(line)
-        if rec.get("error") is None and rec.get("source", "model") == "model" and isinstance(rec.get("page"), int):
-            pages[rec["page"]] = (str(rec.get("text", "")), int(rec.get("n_tokens") or 0), rec.get("finish_reason"))
-    return pages
-
-
-def _from_markdown(text: str) -> dict[int, tuple[str, int, str | None]]:
-    pages: dict[int, tuple[str, int, str | None]] = {}
-    current: tuple[int, str | None] | None = None
-    lines: list[str] = []
-
-    def close() -> None:
-        if current is not None:
-            # outputs written before the escape (2026-12) had no backslashes to undo: a page line of
-            # theirs that began with "\<!-- page " loses one, a line no reader of OCR text will meet
-            pages[current[0]] = (unescape_markers("\n".join(lines).strip("\n")), 0, current[1])
-
-    for line in text.split("\n")[1:]:  # the first line is the source record
-        m = _MARKER.match(line)
-        if m is None:
-            lines.append(line)
-            continue
-        close()
-        kind = m.group(2)
-        current = None if kind in ("failed", "text-layer") else (int(m.group(1)), m.group(3) if kind == "stopped" else "eos")
-        lines = []
-    close()
-    return pages

@@ -99,7 +99,8 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
     # pages read by OCR; failed ones and those a text layer gave are said apart (they were not read)
     read = summary.pages_done - summary.pages_failed - summary.pages_from_text_layer
     pages = [f"{count(read, 'page')} read"] + [f"{summary.pages_failed} failed"] * bool(summary.pages_failed) \
-        + [f"{summary.pages_from_text_layer} from the text layer"] * bool(summary.pages_from_text_layer)
+        + [f"{summary.pages_from_text_layer} from the text layer"] * bool(summary.pages_from_text_layer) \
+        + [f"{summary.pages_kept} kept from the outputs"] * bool(summary.pages_kept)
     lines.append(f"{count_by(by_status, 'document')}; {', '.join(pages)}, {count(summary.tokens, 'token')} "
                  f"in {summary.seconds:.1f} s")
     return lines

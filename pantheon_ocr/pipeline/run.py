@@ -32,6 +32,7 @@ from .fallback import TextLayerFallback
 from .figures import FigureCropper
 from .naming import OutputPaths, claim_all, plan_output_paths
 from .outputs import write_document
+from .readback import read_pages
 from .regions import for_options
 from .render import count_pages, render_page
 from .render_pool import RenderPool
@@ -122,6 +123,7 @@ class _Run:
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
         self.pages_done = self.pages_failed = self.tokens = self.pages_cut = self.pages_from_text_layer = 0
+        self.pages_kept = 0  # pages of documents read again that their outputs kept (readback.py)
         self.t0 = self.last_progress = time.perf_counter()
         self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
@@ -154,6 +156,7 @@ class _Run:
             pages_cut=self.pages_cut,
             pages_failed=self.pages_failed,
             pages_from_text_layer=self.pages_from_text_layer,
+            pages_kept=self.pages_kept,
         )
 
     def _plan(self) -> None:
@@ -161,7 +164,7 @@ class _Run:
             self._plan_tasks(self.explicit_tasks)
             return
         opts = self.options
-        to_open, again = [], {}
+        to_open, again, kept = [], {}, {}
         claims = claim_all(self.documents, self.paths, opts.formats, opts.pages)  # outputs of other pages are not done
         for doc in self.documents:
             claim = claims[doc.doc_id]
@@ -175,7 +178,9 @@ class _Run:
             else:
                 to_open.append(doc)
                 if claim.failed_before and not opts.overwrite:
-                    again[doc.doc_id] = f"read again: {_pages_said(claim.failed_before)} failed last time"
+                    again[doc.doc_id] = claim.failed_before
+                    if self.write_outputs:  # the pages that did not fail stay as they were written
+                        kept[doc.doc_id] = read_pages(claim.paths, opts.formats)
         # Opening a PDF runs PDFium, so it happens in a worker too.
         counts = self.pool.imap(count_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
         for outcome in counts:
@@ -191,10 +196,21 @@ class _Run:
                     str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
                                          f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
-            self.states[doc.doc_id] = _DocState(doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
-                                                note="; ".join(filter(None, (again.get(doc.doc_id),
-                                                                             past_end_note(opts.pages, n_pages)))))
-            self.tasks += [PageTask(doc, i, n_pages) for i in pages]
+            keep = {i + 1: kept[doc.doc_id][i + 1] for i in pages if i + 1 in kept.get(doc.doc_id, {})}  # by 1-based page
+            again_note = ""
+            if doc.doc_id in again:  # only the pages not kept are read: the whole document when none are
+                said = _pages_said(again[doc.doc_id])
+                again_note = (f"{said} failed last time: read again, {len(keep)} page{'s' * (len(keep) != 1)} kept "
+                              "from the outputs" if keep else f"read again: {said} failed last time")
+                self.pages_kept += len(keep)
+            state = self.states[doc.doc_id] = _DocState(
+                doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
+                results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
+                note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages)))))
+            self.tasks += [PageTask(doc, i, n_pages) for i in pages if i + 1 not in keep]
+            if len(keep) == len(pages):  # nothing left to read (the failed pages are no longer selected)
+                self._finish(state)
+                del self.states[doc.doc_id]
 
     def _plan_tasks(self, tasks: list[PageTask]) -> None:
         known = {doc.doc_id for doc in self.documents}

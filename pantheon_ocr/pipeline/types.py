@@ -182,6 +182,7 @@ class RunSummary:
     pages_cut: int = 0  # pages (or a line of them) that stopped at max_tokens: their text is cut short
     pages_failed: int = 0  # of pages_done: failed in the pipeline (before any text layer stood in)
     pages_from_text_layer: int = 0  # of pages_done: kept from the PDF's text layer (--text-layer prefer)
+    pages_kept: int = 0  # not in pages_done: pages of documents read again for their failed pages, kept as written
 
     @property
     def failed_pages(self) -> list[PageFailure]:

@@ -93,6 +93,27 @@ def test_pipeline_writes_crops_beside_the_markdown(tmp_path):
     assert summary.exit_code == 0 and sorted(p.name for p in (out / "report_images").iterdir()) == ["p1_1.png"]
 
 
+def test_reading_a_failed_page_again_keeps_the_other_pages_crops(tmp_path):
+    """A document whose page 2 failed is read again for that page only: page 1 comes back from the
+    JSONL (the model's text, boxes and all) and its crops are cut again, never taken for stale
+    ones; from a Markdown alone (no boxes left in it) the page linking crops is read again."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "report.pdf").write_bytes(marked_pdf(2, doc_no=3))
+    for formats, read in ((("md", "jsonl"), [2]), (("md",), [1, 2])):
+        out = tmp_path / "-".join(formats)
+        opts = PipelineOptions(out_dir=out, formats=formats, render_workers=1, text_fallback=False)
+        first = run_pipeline(expand_inputs([str(src)]), WritingEngine(page_text, fail_vision=lambda f: f.page == 2), opts)
+        assert first.documents[0].status == "partial"
+        seen: list = []  # the pages the engine was shown
+        again = run_pipeline(expand_inputs([str(src)]), WritingEngine(page_text, fail_vision=lambda f: seen.append(f.page)), opts)
+        assert again.documents[0].status == "written" and sorted(seen) == read, formats
+        assert sorted(p.name for p in (out / "report_images").iterdir()) == ["p1_1.png", "p1_2.png"]
+        md = md_body(out / "report.md")
+        assert "![image](report_images/p1_1.png)\n\nBetween.\n\n![image](report_images/p1_2.png)" in md
+        assert "Page two has no picture." in md and "failed" not in md
+
+
 def test_an_image_input_is_cropped_at_its_own_size(tmp_path):
     img = np.full((900, 2400, 3), 255, np.uint8)
     img[90:450, 240:1200] = (200, 30, 30)  # a red block: x 100-500, y 100-500 of 1000

@@ -117,7 +117,7 @@ def test_a_page_line_that_reads_like_a_marker_stays_that_page_s_text(tmp_path):
     """A page whose own text has a line `<!-- page 2 -->` (a text layer, a model's output) must
     not cut the Markdown into a false page 2: the line is escaped (shown as written), and the
     rebuild of an archive job's state reads every page's text back exactly."""
-    from pantheon_ocr.archive.rebuild import _from_markdown
+    from pantheon_ocr.pipeline.readback import KeptPage, from_markdown
 
     d = doc(tmp_path, "r.pdf")
     first = "<!-- page 2 -->\nFAKE SECOND PAGE\n\\<!-- page 3 -->\nnot <!-- page 4 --> at a line start"
@@ -125,8 +125,8 @@ def test_a_page_line_that_reads_like_a_marker_stays_that_page_s_text(tmp_path):
     md = render_markdown(results)
     assert md == ("<!-- page 1 -->\n\n\\<!-- page 2 -->\nFAKE SECOND PAGE\n\\\\<!-- page 3 -->\n"
                   "not <!-- page 4 --> at a line start\n\n<!-- page 2 -->\n\nThe genuine second page.\n")
-    assert _from_markdown("<!-- pantheon-ocr: {} -->\n\n" + md) == {
-        1: (first, 0, "eos"), 2: ("The genuine second page.", 0, "eos")}
+    assert from_markdown("<!-- pantheon-ocr: {} -->\n\n" + md) == {
+        1: KeptPage(first, 0, "eos"), 2: KeptPage("The genuine second page.", 0, "eos")}
 
 
 def test_txt_uses_form_feeds(tmp_path):

@@ -219,26 +219,65 @@ def test_skip_existing_and_overwrite(tmp_path):
 
 def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
     """Outputs with a hole (a page timed out) are no document's last word: they record the failed
-    pages, and the next run reads the document again (it once skipped it, "outputs exist", exit 0,
-    the hole kept for good). Once whole, it is skipped."""
+    pages, and the next run reads those again (it once skipped the document, "outputs exist", exit
+    0, the hole kept for good), and only those: the pages that were read stay as written (a
+    700-page document with one failed page was read whole again). The outputs come out equal to
+    a run that never failed. Once whole, the document is skipped."""
     a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
-    for formats in (("md", "jsonl"), ("jsonl",)):
+    clean = tmp_path / "clean"
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(clean, formats=("md", "jsonl")))
+    for formats in (("md", "jsonl"), ("jsonl",), ("md",), ("md", "txt")):
         folder = tmp_path / "-".join(formats)
         out = dict(formats=formats)
         first = run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(folder, **out))
         assert first.documents[0].status == "partial" and first.exit_code == ExitCode.PAGES_FAILED
+        before = json.loads((folder / "out" / "a.jsonl").read_text().splitlines()[0]) if "jsonl" in formats else None
         engine = FakeEngine()
         again = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
         (outcome,) = again.documents
-        assert outcome.status == "written" and outcome.note == "read again: page 2 failed last time"
-        assert len(engine.prefills) == 3 and again.exit_code == ExitCode.OK
+        assert outcome.status == "written" and outcome.note == "page 2 failed last time: read again, 2 pages kept from the outputs"
+        assert engine.prefills == [(1, 2)] and again.exit_code == ExitCode.OK
+        assert (again.pages_done, again.pages_kept) == (1, 2)
         if "md" in formats:
+            assert (folder / "out" / "a.md").read_text() == (clean / "out" / "a.md").read_text()
             assert md_body(folder / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
-        records = [json.loads(r) for r in (folder / "out" / "a.jsonl").read_text().splitlines()]
-        assert all(r["error"] is None and "doc_failed" not in r for r in records)
+        if "txt" in formats:
+            assert (folder / "out" / "a.txt").read_text().split("\f") == [expected_text(1, p) + "\n" for p in (1, 2, 3)]
+        if "jsonl" in formats:
+            records = [json.loads(r) for r in (folder / "out" / "a.jsonl").read_text().splitlines()]
+            fresh = [json.loads(r) for r in (clean / "out" / "a.jsonl").read_text().splitlines()]
+            assert records[0] == {k: v for k, v in before.items() if k != "doc_failed"}  # its tokens and seconds too
+            assert [{k: v for k, v in r.items() if k != "seconds"} for r in records] == \
+                   [{k: v for k, v in r.items() if k != "seconds"} for r in fresh]
+            assert all(r["error"] is None and "doc_failed" not in r for r in records)
         engine = FakeEngine()
         third = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
         assert third.documents[0].status == "skipped" and engine.prefills == []
+
+
+def test_a_failed_page_is_read_with_the_whole_document_when_its_outputs_cannot_be_read_back(tmp_path):
+    """Kept pages come from the outputs; where those are damaged (a hand-edited JSONL) nothing is
+    kept from them and the whole document is read again, never a half-parsed page kept."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    out = dict(formats=("md", "jsonl"))
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, **out))
+    jsonl = tmp_path / "out" / "a.jsonl"
+    jsonl.write_text(jsonl.read_text().replace('"page": 3', '"page": 3,,'))
+    engine = FakeEngine()
+    again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
+    assert again.documents[0].note == "read again: page 2 failed last time" and again.pages_kept == 0
+    assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)]
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
+
+
+def test_pages_newly_selected_are_read_beside_the_failed_ones(tmp_path):
+    """`--pages 1-2` with page 2 failed, then every page: page 1 is kept, 2 and 3 are read."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, pages="1-2"))
+    engine = FakeEngine()
+    again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path))
+    assert sorted(engine.prefills) == [(1, 2), (1, 3)] and again.pages_kept == 1
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
 
 
 def test_a_page_damaged_in_the_file_is_not_read_again_and_again(tmp_path):

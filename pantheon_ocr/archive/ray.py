@@ -306,17 +306,39 @@ def _said(e: BaseException) -> str:
 
 
 def _reachable(address: str) -> None:
-    """A HOST:PORT address answers on TCP within seconds, or NetworkError (69): ray.init would
-    retry for minutes, the lock held, printing C++ lines."""
+    """A HOST:PORT address answers on TCP within seconds, and as a gRPC server does, or
+    NetworkError (69): ray.init would retry for minutes, the lock held, printing C++ lines (a
+    web server's port, the dashboard's 8265 say, hung it as a dead address did)."""
     if address in ("local", "auto") or "://" in address or ":" not in address:
         return
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT) as conn:
+            reply = _first_reply(conn)
     except ValueError:
         raise JobError(f"{address}: not a Ray address (HOST:PORT, auto, local or ray://HOST:PORT)") from None
     except OSError as e:
         raise NetworkError(f"the Ray cluster at {address}", f"cannot be reached: {e.strerror or e}") from None
+    # The GCS is a gRPC server: it answers HTTP/2's opening with a SETTINGS frame (type 4, the
+    # 4th byte); a TLS-guarded one sends a TLS record (first byte 20-23). Silence, or a closed
+    # connection, is left to Ray: only a server that plainly speaks something else is refused.
+    if reply and not (len(reply) >= 4 and reply[3] == 4) and not 20 <= reply[0] <= 23:
+        said = reply.split(b"\n")[0].rstrip(b"\r").decode("latin-1")[:60]
+        said = f"it said {said!r}" if said.isprintable() else "it is no gRPC server"
+        raise NetworkError(f"the Ray cluster at {address}", f"answers, but not as a Ray cluster does ({said}): "
+                                                             "is this the head's --port (6379 unless set)?")
+
+
+def _first_reply(conn: socket.socket) -> bytes:
+    """The first bytes a server sends back to HTTP/2's client preface and an empty SETTINGS frame
+    (b"": none within REPLY_TIMEOUT, or it closed)."""
+    conn.settimeout(REPLY_TIMEOUT)
+    try:
+        conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        return conn.recv(64)
+    except OSError:  # a reset, a timeout: nothing said
+        return b""
 
 
 REACH_TIMEOUT = 10.0  # seconds for a cluster's address to answer
+REPLY_TIMEOUT = 5.0  # seconds for it to answer HTTP/2's opening

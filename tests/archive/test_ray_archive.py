@@ -175,3 +175,25 @@ def test_an_address_that_does_not_answer_is_said_at_once():
         _reachable("127.0.0.1:1")
     assert caught.value.exit_code == ExitCode.NETWORK
     _reachable("auto")  # left to Ray
+
+
+def test_an_address_where_another_server_answers_is_said_at_once(local_ray):
+    """A web server's port (the dashboard's, say) hung ray.init as a dead address did: the address
+    is asked HTTP/2's opening first, which Ray's GCS (gRPC) answers and a web server does not."""
+    import http.server
+    import threading
+
+    from pantheon_ocr.archive.ray import _reachable
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{web.server_address[1]}"
+        with pytest.raises(NetworkError, match=rf"^the Ray cluster at {address}: answers, but not as a Ray cluster does "
+                                               r"\(it said '<!DOCTYPE HTML>'\): is this the head's --port") as caught:
+            _reachable(address)
+        assert caught.value.exit_code == ExitCode.NETWORK
+    finally:
+        web.shutdown()
+        web.server_close()
+    _reachable(local_ray.get_runtime_context().gcs_address)  # the cluster's own address passes

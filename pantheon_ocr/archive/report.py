@@ -190,11 +190,15 @@ def job_status(spec) -> dict:
         out["not_in_last_run"] = state.not_in_last_run()
         for r in state.recent_runs(5):
             run = {k: path_text(r[k]) if k.startswith("report_") and r[k] else r[k] for k in r.keys() if k != "summary"}
-            run["totals"] = _run_totals(r["summary"])
+            # a killed run wrote no summary: its totals come from the pages it recorded
+            run["totals"] = _run_totals(r["summary"]) if r["summary"] else _recorded_totals(state, r)
             out["runs"].append(run)
         lock = state.read_lock()
         if lock is not None:
             out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock.stale_after)}
+        for run in out["runs"]:  # a run still "running" without a live lock was killed: the next run records it so
+            if run["status"] == "running" and (lock is None or lock.run != run["id"] or out["running"]["stale"]):
+                run["status"] = "killed"
         out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
         # input paths that are no document have no row in the state: the last run's report says them
         out["failures"] += _input_path_failures(state.run_summary(None))
@@ -228,11 +232,24 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     if not summary and lock is not None and lock.run == rid and not lock_is_stale(lock, spec.lock.stale_after):
         raise JobLocked(f"{path_text(spec.path)}: run {rid} is still running ({lock.describe()}): it writes its "
                         "report when it ends")
-    if not summary:
-        raise JobError(f"{path_text(spec.path)}: run {rid} stopped before its report was recorded")
+    if not summary:  # killed (kill -9, a power cut): what it recorded page by page is in the state
+        raise JobError(f"{path_text(spec.path)}: run {rid} stopped before its report was recorded (killed?); "
+                       f"`pantheon-ocr archive status {path_text(spec.path)}` shows the pages it recorded")
     # latest.* are the newest run's: an older run's report written again must not take them
     latest = rid >= max(newest[0] if newest else 0, last_report_run(spec.reports))
     return write_reports(json.loads(summary), spec.reports, rid, latest=latest)
+
+
+def killed_run_said(state: JobState, run: int) -> str:
+    """`: run 7 ended without a report, after 120 pages (3 failed); they stay done`: what a run that
+    was killed (its lock found stale) had recorded, which no report counts; "" if nothing."""
+    work = state.run_work(run)
+    pages = sum(n for k, n in work.items() if k != "tokens")
+    if not pages:
+        return ""
+    failed = [f"{work[k]:,} {'failed' if k == 'failed' else 'to be retried'}" for k in ("failed", "retry") if work.get(k)]
+    return (f"; run {run} ended without a report, after {_count(pages, 'page')}" + (f" ({', '.join(failed)})" if failed else "")
+            + ": recorded, not read again, and counted in no report")
 
 
 def _input_path_failures(last: tuple[int, str | None] | None) -> list[dict]:
@@ -242,6 +259,12 @@ def _input_path_failures(last: tuple[int, str | None] | None) -> list[dict]:
         return [f for f in failures if isinstance(f, dict) and f.get("input_path")]
     except (ValueError, AttributeError):  # a summary that does not read: the rows' failures stand alone
         return []
+
+
+def _recorded_totals(state: JobState, run) -> dict:
+    work = state.run_work(run["id"])
+    pages = sum(n for k, n in work.items() if k != "tokens")
+    return {"pages": pages, "tokens": work["tokens"], "seconds": (run["finished"] or time.time()) - run["started"]} if pages else {}
 
 
 def _run_totals(summary: str | None) -> dict:

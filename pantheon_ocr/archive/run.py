@@ -42,7 +42,7 @@ from .plan import Planner
 from .reading import changes, reading_settings
 from .signals import HeldSignals
 from .sqlite import translate
-from .report import REPORTS_HINT, RunLog, build_summary, last_report_run, write_reports
+from .report import REPORTS_HINT, RunLog, build_summary, killed_run_said, last_report_run, write_reports
 from .spec import JobSpec, load_job
 from .state import JobState
 from .wording import NO_SELECTED_PAGE
@@ -182,7 +182,7 @@ class _JobRun:
                 self.state.close()
                 raise
             if stale is not None:  # printed with the run's summary, and in the report
-                self.log.notes.append(f"took over a stale lock ({stale.describe()})")
+                self.log.notes.append(f"took over a stale lock ({stale.describe()})" + killed_run_said(self.state, stale.run))
             interval = min(15.0, max(0.2, spec.lock.stale_after / 4))
             self.heartbeat = Heartbeat(spec.state, self.run_id, interval)
             self.heartbeat.start()

@@ -309,6 +309,13 @@ class JobState(MetaMixin):
         row = self.db.execute(sql, (run_id,) if run_id is not None else ()).fetchone()
         return None if row is None else (row["id"], row["summary"])
 
+    def run_work(self, run: int) -> dict[str, int]:
+        """What run `run` recorded page by page, for a run killed before its summary: attempts by
+        outcome (done, retry, failed) and the tokens of those."""
+        rows = self.db.execute("SELECT outcome, count(*), coalesce(sum(n_tokens), 0) FROM attempts WHERE run=? "
+                               "GROUP BY outcome", (run,)).fetchall()
+        return {outcome: n for outcome, n, _ in rows} | {"tokens": sum(t for _, _, t in rows)}
+
     def recent_runs(self, n: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT id, started, finished, host, pid, executor, status, exit_code, summary, report_html "
                                "FROM runs ORDER BY id DESC LIMIT ?", (n,)).fetchall()

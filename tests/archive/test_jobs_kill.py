@@ -96,9 +96,14 @@ def test_kill_9_then_resume(tmp_path, kill):
     point, n = kill.split(":")
     if point == "page":
         assert len(done_before) == int(n)
+    recorded = query(job, "SELECT count(*) FROM attempts WHERE run=1")[0][0]
+    if recorded:  # the pages the killed run recorded are in no report: `status` and the takeover say them
+        status = run_cli(["archive", "status", str(job)])
+        assert f"run 1: " in status.stdout and f" killed, {recorded} page{'s' * (recorded > 1)}, " in status.stdout
     r = archive_run(job)
     assert r.returncode == 0, r.stderr
     assert "took over a stale lock" in r.stderr
+    assert (f"run 1 ended without a report, after {recorded} page" in r.stderr) == bool(recorded), r.stderr
     assert ("left by a stopped write" in r.stderr) == (point == "write")
     assert_complete(job)
     # pages finished before the kill were not run again

@@ -48,8 +48,9 @@ def _clock(seconds: float) -> str:
 
 
 def _left(p) -> str:
-    """The time left at the pace of the pages so far: rough while the first pages run, steady after."""
-    return _clock(p.elapsed / p.pages_done * (p.pages_total - p.pages_done))
+    """The time left at the pace of the pages so far, planning left out (hashing a big folder is no
+    page's time): rough while the first pages run, steady after."""
+    return _clock((p.elapsed - p.reading_since) / p.pages_done * (p.pages_total - p.pages_done))
 
 
 class LiveLine(ProgressDisplay):

@@ -125,6 +125,7 @@ class _Run:
         self.pages_done = self.pages_failed = self.tokens = self.pages_cut = self.pages_from_text_layer = 0
         self.pages_kept = 0  # pages of documents read again that their outputs kept (readback.py)
         self.t0 = self.last_progress = time.perf_counter()
+        self.reading_since = 0.0  # seconds from t0 to the end of planning: the time left is paced from there
         self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
     def execute(self) -> RunSummary:
@@ -132,6 +133,7 @@ class _Run:
         try:
             self._plan()
             ocr_tasks = self._prefer_text_layers() if self.options.text_layer == "prefer" else self.tasks
+            self.reading_since = time.perf_counter() - self.t0
             self._progress()
             if ocr_tasks:
                 self.stages = Stages(self.engine, self.options, self.pool, self.render_fn, self.edge, ocr_tasks, self.stop)
@@ -326,6 +328,7 @@ class _Run:
                 docs_done=len(self.outcomes),
                 docs_total=len(self.documents),
                 elapsed=time.perf_counter() - self.t0,
+                reading_since=self.reading_since,
                 rendered=counts.get("rendered", 0),
                 encoded=counts.get("encoded", 0),
                 prefilled=counts.get("prefilled", 0),

@@ -169,6 +169,7 @@ class Progress:
     prefilled: int = 0
     decoding: int = 0  # pages decoding now
     finished: tuple = ()  # DocumentOutcomes finished since the previous Progress
+    reading_since: float = 0.0  # of elapsed: when planning ended (files hashed, pages counted) and pages began
 
 
 @dataclass(frozen=True)

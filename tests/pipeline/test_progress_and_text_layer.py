@@ -101,6 +101,9 @@ def test_a_live_line_cut_short_ends_before_what_follows():
     bar.end()  # once only
     assert tty.getvalue().startswith("\rpages 3/10 · 300 tok 25 tok/s · 0:12 · ~0:28 left")
     assert tty.getvalue().count("\n") == 1 and tty.getvalue().endswith("\n")
+    paced = io.StringIO()  # planning took 10 of the 12 s (a big folder hashed): 3 pages in 2 s, 7 to go
+    LiveLine(paced)(Progress(3, 10, 0, 300, 1, 4, 12.0, reading_since=10.0))
+    assert "· 0:12 · ~0:04 left" in paced.getvalue()
     lines = io.StringIO()
     DocumentLines(lines).end()
     assert lines.getvalue() == ""

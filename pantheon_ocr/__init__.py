@@ -9,15 +9,22 @@ The command line (`pantheon-ocr`) runs the same pipeline; see pantheon_ocr/api.p
 """
 
 __version__ = "0.1.0"
-__all__ = ["Page", "Reader", "RunInterrupted"]
+# The errors a caller catches: PantheonError is every one of them, each with its exit_code
+_ERRORS = ("PantheonError", "UsageError", "OptionError", "ModelError", "InputError", "WriteError", "NetworkError",
+           "ResourceError")
+__all__ = ["Page", "Reader", "RunInterrupted", "RunSummary", *_ERRORS]
 
 
 def __getattr__(name: str):
     # Lazy: `import pantheon_ocr` (and `pantheon-ocr --help`) stays instant, no numpy loaded.
-    if name == "RunInterrupted":  # what Reader.transcribe raises on Ctrl-C, for callers to catch
-        from .pipeline.types import RunInterrupted
+    if name in ("RunInterrupted", "RunSummary"):  # what Reader.transcribe raises on Ctrl-C / returns
+        from .pipeline import types
 
-        return RunInterrupted
+        return getattr(types, name)
+    if name in _ERRORS:
+        from . import errors
+
+        return getattr(errors, name)
     if name in __all__:
         from . import api
 

@@ -19,6 +19,7 @@ Options are the options table's (pantheon_ocr/options.py), by their field names:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import queue
 import sys
@@ -36,6 +37,7 @@ __all__ = ["Page", "Reader"]
 _ENGINE = {o.name for o in specs(EngineOptions)}
 _PIPELINE = {o.name for o in specs(PipelineOptions)}
 _SAMPLING = {o.name for o in specs(SamplingOptions)}
+_LISTS = {o.name for cls in (EngineOptions, PipelineOptions, SamplingOptions) for o in specs(cls) if o.kind == "list"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Page:
     tokens: int  # generated
     finish_reason: str | None  # eos, max_tokens, repetition, blank, text-layer; None when it failed
     error: str | None  # why it failed, None when it did not
-    seconds: dict = field(default_factory=dict)  # render, vision, prefill, decode
+    seconds: dict = field(default_factory=dict, hash=False)  # render, vision, prefill, decode (a Page hashes without it)
     source: str = "ocr"  # "ocr", or "text-layer" (the PDF's own text: --text-layer prefer, or a failed page)
 
     @property
@@ -72,8 +74,11 @@ class Reader:
 
         unknown = sorted(set(options) - _ENGINE - _PIPELINE - _SAMPLING)
         if unknown:
-            raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (the options "
-                             f"are the fields of EngineOptions, PipelineOptions and SamplingOptions)")
+            near = [m for u in unknown for m in difflib.get_close_matches(u, sorted(_ENGINE | _PIPELINE | _SAMPLING), 1)]
+            raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+                             + (f" (did you mean {', '.join(near)}?)" if near else "") + " (the options are the fields "
+                             "of EngineOptions, PipelineOptions and SamplingOptions)")
+        options = _as_lists(options)
         engine_kw = {k: v for k, v in options.items() if k in _ENGINE}
         self._pipeline_kw = {k: v for k, v in options.items() if k in _PIPELINE}
         self.sampling = SamplingOptions(**{k: v for k, v in options.items() if k in _SAMPLING})
@@ -93,7 +98,7 @@ class Reader:
             raise UsageError(f"unknown run option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (a run takes "
                              f"the fields of PipelineOptions; engine and sampling options go to Reader())")
         return PipelineOptions(out_dir=Path(os.fsdecode(out_dir)), sampling=self.sampling,
-                               **{**self._pipeline_kw, **overrides})
+                               **{**self._pipeline_kw, **_as_lists(overrides)})
 
     def _engine(self):
         if self.engine is None:
@@ -102,17 +107,19 @@ class Reader:
 
     # -- reading -------------------------------------------------------------------------------
     def read(self, source: Any, pages: str | None = None) -> Iterator[Page]:
-        """The pages of one document (a path, a PIL image, a uint8 array, image or PDF bytes), in order."""
+        """The pages of one source (a document's path, a PIL image, a uint8 array, image or PDF
+        bytes; a folder or a glob: its documents), in order. `pages`: as read_many."""
         return self.read_many([source], pages)
 
     def read_many(self, sources: Iterable[Any], pages: str | None = None) -> Iterator[Page]:
         """The pages of every document (files, folders, globs; in-memory images), each document's
         pages in order. A document that cannot be read at all is one Page with page 0 and its
-        error. Stopping the iteration early stops the run."""
+        error. Stopping the iteration early stops the run. `pages` ("1-3,7"): the pages of each
+        document; None: the Reader's `pages`, every page unless it was given one."""
         from .pipeline.inputs import expand_inputs
 
         with tempfile.TemporaryDirectory(prefix="pantheon-ocr-api-") as scratch:
-            options = self.options(Path(scratch) / "out", pages=pages, overwrite=True)
+            options = self.options(Path(scratch) / "out", overwrite=True, **({} if pages is None else {"pages": pages}))
             self._engine()
             problems: list = []
             paths = []
@@ -219,6 +226,12 @@ class Reader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _as_lists(options: dict) -> dict:
+    """List options also as the command line writes them: formats="md,jsonl"."""
+    return {k: tuple(x.strip() for x in v.split(",")) if k in _LISTS and isinstance(v, str) else v
+            for k, v in options.items()}
 
 
 class _PageOrder:

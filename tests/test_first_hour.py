@@ -161,6 +161,26 @@ def test_stopping_early_stops_the_run(reader):
     assert page.page == 1 and time.perf_counter() - t0 < 60
 
 
+def test_a_readers_page_selection_holds_for_every_read(tmp_path):
+    """Reader(pages="2") was honoured by transcribe() and ignored by read() and read_many(): every
+    page was read. A read's own `pages` still wins."""
+    two = pantheon_ocr.Reader(MODEL, max_tokens=2, text_layer="ocr", render_workers=1, pages="2")
+    assert [p.page for p in two.read(DOCS / "report-3pages.pdf")] == [2]
+    assert [p.page for p in two.read_many([DOCS / "report-3pages.pdf"])] == [2]
+    assert [p.page for p in two.read(DOCS / "report-3pages.pdf", pages="1,3")] == [1, 3]
+    pages = list(two.read(DOCS / "report-3pages.pdf"))
+    assert len(set(pages)) == 1  # a Page hashes (its seconds are left out)
+    summary = two.transcribe([DOCS / "report-3pages.pdf"], tmp_path, formats="md,jsonl")  # the command line's form
+    assert isinstance(summary, pantheon_ocr.RunSummary) and (tmp_path / "report-3pages.jsonl").is_file()
+
+
+def test_the_errors_a_caller_catches_are_the_packages():
+    with pytest.raises(pantheon_ocr.PantheonError, match=r"unknown option format \(did you mean formats\?\)"):
+        pantheon_ocr.Reader(MODEL, format="jsonl")
+    assert issubclass(pantheon_ocr.ModelError, pantheon_ocr.PantheonError)
+    assert pantheon_ocr.Reader(MODEL, formats="md,jsonl", max_tokens=2)._pipeline_kw["formats"] == ("md", "jsonl")
+
+
 def test_options_are_the_tables_and_are_checked():
     with pytest.raises(pantheon_ocr.api.UsageError, match="unknown option batchsize"):
         pantheon_ocr.Reader(MODEL, batchsize=4)

@@ -349,3 +349,12 @@ def vm_rss_kb() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def die_leaving_a_temp_file(signal: int) -> dict:
+    """A benchmark child killed mid-run (bench/isolation.py): a temp file made, then the signal."""
+    import tempfile
+
+    tempfile.mkstemp(prefix="pantheon-bench-out-")
+    os.kill(os.getpid(), signal)
+    return {}

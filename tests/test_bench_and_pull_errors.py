@@ -276,3 +276,125 @@ def test_bench_lists_run_a_repeated_value_once():
 
     assert _batch_sizes("1, 4,1,4 ") == [1, 4]
     assert _choices("f32,bf16,f32", "--weights", ("f32", "bf16")) == ["f32", "bf16"]
+
+
+# -- bench pages: a configuration that dies, a stop, bad inputs -------------------------------------
+PAGES = ["bench", "pages", "--model", str(TINY), "--weights", "quantized", "--max-tokens", "2", "--ignore-eos",
+         "--longest-edge", "112", "--render-workers", "1"]
+
+
+def _dying(monkeypatch, batch_size: int, what: BaseException):
+    """run_isolated that runs every configuration here, but the one of `batch_size` raises `what`."""
+    from pantheon_ocr.bench import isolation
+
+    real = isolation.run_isolated
+
+    def fake(func, kwargs, threads=None, isolate=True):
+        if kwargs["config"]["batch_size"] == batch_size:
+            raise what
+        return real(func, kwargs, threads, isolate=False)
+
+    monkeypatch.setattr(isolation, "run_isolated", fake)
+
+
+def test_a_configuration_whose_process_dies_is_reported_and_the_others_run(tmp_path, capsys, monkeypatch):
+    """The OOM killer's SIGKILL of one configuration's process lost every figure, the finished
+    ones too, as 'internal error' (70): now that one is reported failed and the others stand."""
+    from pantheon_ocr.bench.isolation import ChildFailed
+
+    _dying(monkeypatch, 1, ChildFailed("killed by SIGKILL (out of memory? `dmesg` says)", True))
+    out = tmp_path / "b.json"
+    code = main([*PAGES, str(GOOD), "--batch-size", "1,2", "--json", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == ExitCode.PAGES_FAILED, err
+    assert "B=1" in stdout and "failed: killed by SIGKILL (out of memory? `dmesg` says)" in stdout
+    assert "1 configuration failed (no figures):\n  " in err
+    first, second = json.loads(out.read_text())
+    assert first["summary"] is None and first["exit_code"] == 71 and second["summary"]["pages"] == 1
+
+
+def test_a_stopped_benchmark_reports_what_finished_and_exits_130(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in the second configuration: exit 0 and a 'complete' row of the stopped one once;
+    now the first one's figures, the JSON, and 130."""
+    _dying(monkeypatch, 2, KeyboardInterrupt())
+    out = tmp_path / "b.json"
+    code = main([*PAGES, str(GOOD), "--batch-size", "1,2", "--json", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == ExitCode.INTERRUPTED
+    assert "interrupted: 1 of 2 configurations finished (the one under way is not reported)" in err
+    (only,) = json.loads(out.read_text())
+    assert only["config"]["batch_size"] == 1 and only["summary"]["pages"] == 1
+
+
+def test_a_killed_benchmark_child_is_said_and_leaves_no_temp_files(tmp_path, monkeypatch):
+    from pantheon_ocr.bench.isolation import ChildFailed, run_isolated
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(ChildFailed, match=r"^killed by SIGKILL \(out of memory\? `dmesg` says\)$") as caught:
+        run_isolated("fake_engine:die_leaving_a_temp_file", {"signal": 9})
+    assert caught.value.exit_code == ExitCode.OUT_OF_RESOURCES
+    assert os.listdir(tmp_path) == []  # its scratch folder went with it
+
+
+def test_pages_per_config_is_one_number(capsys, nothing_may_run):
+    assert main([*PAGES, str(GOOD), "--pages-per-config", "2,3"]) == ExitCode.BAD_ARGUMENTS
+    assert capsys.readouterr().err == ("error: --pages-per-config: 'all', 'auto' or one whole number of pages from 1, "
+                                       "got '2,3'\n")
+
+
+def test_a_missing_input_is_said_and_the_others_measured(tmp_path, capsys):
+    """One missing path stopped the benchmark (exit 4, nothing measured)."""
+    code = main([*PAGES, str(tmp_path / "missing.pdf"), str(GOOD), "--in-process"])
+    stdout, err = capsys.readouterr()
+    assert code == ExitCode.PAGES_FAILED and f"error: {tmp_path / 'missing.pdf'}: no such file" in err
+    assert len(stdout.splitlines()) == 3  # the machine, the header and the one configuration's row
+    assert main([*PAGES, str(tmp_path / "missing.pdf"), "--in-process"]) == ExitCode.INPUT_UNREADABLE
+    assert main([*PAGES, str(CORRUPT), "--in-process"]) == ExitCode.INPUT_UNREADABLE  # nothing was read
+
+
+def test_sigterm_stops_an_isolated_benchmark_with_its_child_and_temp_files(tmp_path):
+    """SIGTERM killed `bench pages` by the signal: its child ran on as an orphan and the temp
+    folders stayed in /tmp. Now the child is stopped with it, the finished configuration is
+    reported, and nothing is left."""
+    import signal
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(PACKAGE_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", "from pantheon_ocr.cli import run; run()", *PAGES, "--synthetic", "2", "--batch-size", "1,2",
+                             "--json", str(tmp_path / "b.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    first = proc.stderr.readline()  # the first configuration's row, as it finishes
+    assert first.startswith("B=1"), first + proc.stderr.read()
+    time.sleep(1.0)  # the second configuration's process is under way
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "interrupted: 1 of 2 configurations finished" in err and "B=1" in out
+    assert [r["config"]["batch_size"] for r in json.loads((tmp_path / "b.json").read_text())] == [1]
+    deadline = time.time() + 15
+    while os.listdir(scratch) and time.time() < deadline:  # the child is gone, its files with it
+        time.sleep(0.2)
+    assert os.listdir(scratch) == []
+    orphans = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if str(scratch).encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                orphans.append(pid)
+        except OSError:
+            pass
+    assert orphans == []
+
+
+def test_every_bench_takes_a_folder_or_a_pulled_name_as_transcribe_does(capsys):
+    """bench generate|ocr|decode opened --model as a file: a folder was 'not a model file', a
+    pulled model's name 'no such file', without the pull command."""
+    assert main(["bench", "decode", "--model", str(TINY), "--batch-size", "1", "--context", "4", "--steps", "1",
+                 "--in-process"]) == 0
+    assert main(["bench", "ocr", "--model", str(TINY), "--stage", "vision", "--vision-layers", "1",
+                 "--longest-edge", "112", "--in-process"]) == 0
+    capsys.readouterr()
+    assert main(["bench", "generate", "--model", "acme/not-pulled-GGUF", "--decode-tokens", "1"]) == ExitCode.BAD_MODEL
+    assert "run `pantheon-ocr models pull acme/not-pulled-GGUF`" in capsys.readouterr().err

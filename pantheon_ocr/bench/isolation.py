@@ -13,13 +13,15 @@ import json
 import os
 import pickle
 import resource
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 from ..engine.threads import set_threads
-from ..errors import PantheonError
+from ..errors import ExitCode, PantheonError
 
 _RESULT_MARK = "@@bench-result@@ "
 _ERROR_MARK = "@@bench-error@@ "
@@ -50,14 +52,15 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
         result["peak_rss_mb"] = peak_rss_mb()
     else:
         payload = json.dumps({"func": func, "kwargs": kwargs, "threads": threads})
-        proc = _run_child([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload])
+        # the child's temp files go in a folder of ours, removed even when the child was killed
+        with tempfile.TemporaryDirectory(prefix="pantheon-bench-child-") as scratch:
+            proc = _run_child([sys.executable, "-m", "pantheon_ocr.bench.isolation", payload], {"TMPDIR": scratch})
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
         errors = [ln for ln in proc.stdout.splitlines() if ln.startswith(_ERROR_MARK)]
         if errors:  # a typed error (a bad model file, a setting that cannot work): said as in-process
             raise _rebuilt(errors[-1][len(_ERROR_MARK):])
         if proc.returncode != 0 or not lines:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"benchmark child {func} failed (exit {proc.returncode}): " + " | ".join(tail))
+            raise ChildFailed(_why(proc), proc.returncode == -signal.SIGKILL)
         result = json.loads(lines[-1][len(_RESULT_MARK):])
     result["threads"] = threads or "default"
     result["load_avg_before"] = round(load0, 2)
@@ -66,13 +69,33 @@ def run_isolated(func: str, kwargs: dict[str, Any], threads: int | None = None, 
     return result
 
 
-def _run_child(argv: list[str]) -> subprocess.CompletedProcess:
-    """subprocess.run, but a Ctrl-C (which the child gets too, from the terminal) leaves the child
-    time to stop and remove its temp folders: subprocess.run kills it after a quarter second."""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+class ChildFailed(PantheonError):
+    """A benchmark child ended without its result: killed (the OOM killer's SIGKILL, say: 71) or
+    crashed (70). `bench pages` reports that configuration as failed and runs the others."""
+
+    def __init__(self, why: str, killed: bool):
+        super().__init__(why)
+        self.exit_code = ExitCode.OUT_OF_RESOURCES if killed else ExitCode.INTERNAL
+
+
+def _why(proc: subprocess.CompletedProcess) -> str:
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else str(-proc.returncode)
+        return f"killed by {name}" + (" (out of memory? `dmesg` says)" if proc.returncode == -signal.SIGKILL else "")
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return f"the benchmark process failed (exit {proc.returncode})" + (": " + " | ".join(tail) if tail else "")
+
+
+def _run_child(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """subprocess.run, but stopped as this process is: the child runs in a session of its own
+    (Ctrl-C at the terminal reaches this process only) and a Ctrl-C or SIGTERM here is passed on
+    as one SIGINT, so it stops its run and removes its temp files; killed if it takes over 10 s."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          env={**os.environ, **env}) as child:
         try:
             out, err = child.communicate()
         except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -15,6 +15,10 @@ Result shape (JSON, one entry per configuration; the archive HTML report can sho
                   "mean_page_s": {...}, "load_s", "peak_rss_mb", "load_avg_before",
                   "load_avg_after"}}, ...]
 
+A configuration whose process died (the OOM killer) or crashed has `"error"` (why), no pages and
+summary None; the others still run. Ctrl-C or SIGTERM stops the benchmark: bench_pages raises
+BenchInterrupted with the configurations that finished before it (the one under way has none).
+
 Per-page seconds are as the pipeline records them: render in a worker process, vision on the
 vision thread, prefill on the CPU thread, decode = wall time of the batched steps the page took
 part in (shared with the other pages of the batch, so they do not add up across pages).
@@ -243,8 +247,7 @@ def run_config(opts: dict, config: dict) -> dict:
     busy = {"render": sum(p["seconds"]["render"] for p in page_rows), **engine.busy}
     ok = [p for p in page_rows if p["error"] is None]
     result = {
-        "config": {"name": c.name, **asdict(c), **{k: v for k, v in asdict(o).items() if k not in ("inputs",)},
-                   "inputs": [Path(i).name for i in o.inputs]},
+        "config": config_record(o, c),
         "pages": page_rows,
         "summary": {
             "pages": n_pages,
@@ -269,30 +272,70 @@ def run_config(opts: dict, config: dict) -> dict:
     return result
 
 
+def config_record(o: PageBenchOptions, c: PageConfig) -> dict:
+    """A result's "config": the configuration and the run's settings."""
+    return {"name": c.name, **asdict(c), **{k: v for k, v in asdict(o).items() if k not in ("inputs",)},
+            "inputs": [Path(i).name for i in o.inputs]}
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped bench_pages: `results` are the configurations that finished."""
+
+    def __init__(self, results: list[dict]):
+        super().__init__()
+        self.results = results
+
+
 def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool = True,
                 on_result: Callable[[dict], None] | None = None, repeats: int = 1) -> list[dict]:
     """Run every configuration (each in its own process unless isolate=False). With repeats > 1
     the configurations take turns (round robin, so a change of machine load hits them alike) and
     each reports its run with the median wall time (the lower middle one for an even count);
-    summary.runs_wall_s lists every run."""
-    from .isolation import run_isolated
+    summary.runs_wall_s lists every run. A configuration whose every run died is reported with
+    its "error" (module docstring)."""
+    from .isolation import ChildFailed, run_isolated
 
     runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
-    for _ in range(repeats):
-        for i, c in enumerate(configs):
-            r = run_isolated("pantheon_ocr.bench.pages:run_config", {"opts": asdict(opts), "config": asdict(c)},
-                             threads=c.threads, isolate=isolate)
-            # run_isolated adds its own bookkeeping keys at top level: keep the documented shape.
-            peak = r.pop("peak_rss_mb", None)
-            for k in ("threads", "load_avg_before", "load_avg_after", "wall_s"):
-                r.pop(k, None)
-            if peak is not None and isolate:
-                r["summary"]["peak_rss_mb"] = peak
-            runs[i].append(r)
-            if on_result:
-                on_result(r)
+    died: dict[int, ChildFailed] = {}
+    try:
+        for _ in range(repeats):
+            for i, c in enumerate(configs):
+                try:
+                    r = run_isolated("pantheon_ocr.bench.pages:run_config", {"opts": asdict(opts), "config": asdict(c)},
+                                     threads=c.threads, isolate=isolate)
+                except ChildFailed as e:  # its process died: the other configurations still run
+                    died[i] = e
+                    if on_result:
+                        on_result(_failed(opts, c, e))
+                    continue
+                if r["summary"]["interrupted"]:  # in this process: the pipeline took the Ctrl-C
+                    raise KeyboardInterrupt
+                # run_isolated adds its own bookkeeping keys at top level: keep the documented shape.
+                peak = r.pop("peak_rss_mb", None)
+                for k in ("threads", "load_avg_before", "load_avg_after", "wall_s"):
+                    r.pop(k, None)
+                if peak is not None and isolate:
+                    r["summary"]["peak_rss_mb"] = peak
+                runs[i].append(r)
+                if on_result:
+                    on_result(r)
+    except KeyboardInterrupt:
+        raise BenchInterrupted(_picked(opts, configs, runs, died)) from None
+    return _picked(opts, configs, runs, died)
+
+
+def _failed(o: PageBenchOptions, c: PageConfig, e) -> dict:
+    return {"config": config_record(o, c), "error": str(e), "exit_code": int(e.exit_code), "pages": [], "summary": None}
+
+
+def _picked(o: PageBenchOptions, configs: list[PageConfig], runs: dict[int, list[dict]], died: dict) -> list[dict]:
+    """Per configuration that ran: its median run, or its failure if no run came through."""
     results = []
-    for i in range(len(configs)):
+    for i, c in enumerate(configs):
+        if not runs[i]:
+            if i in died:
+                results.append(_failed(o, c, died[i]))
+            continue
         done = sorted(runs[i], key=lambda r: r["summary"]["wall_s"])
         pick = done[(len(done) - 1) // 2]
         pick["summary"]["runs_wall_s"] = [r["summary"]["wall_s"] for r in runs[i]]
@@ -311,6 +354,9 @@ def format_table(results: list[dict], header: bool = True) -> str:
                      f"{'dec tok/s':>9} {'mean B':>6} {'gap s':>6} | {'per page s: render':>18} {'vision':>7} {'prefill':>7} "
                      f"{'decode':>7} | {'busy %: vis':>11} {'pre':>4} {'dec':>4} | {'peak RSS':>9} {'load':>5}")
     for r in results:
+        if r.get("error"):
+            lines.append(f"{r['config']['name']:38} failed: {r['error']}")
+            continue
         s, m, b = r["summary"], r["summary"]["mean_page_s"], r["summary"]["busy_s"]
         wall = s["wall_s"] or 1.0
         lines.append(
@@ -329,15 +375,17 @@ def failure_lines(results: list[dict]) -> list[str]:
     """The failed documents and pages, one line each with its reason, under a count, as transcribe
     lists them (`1 document failed:` / `  bad.pdf: the PDF is damaged ...`). A failure every
     configuration had is listed once; one that only some had names those configurations."""
-    names = [r["config"]["name"] for r in results]
+    names = [r["config"]["name"] for r in results if not r.get("error")]
     seen: dict[tuple, list[str]] = {}  # (doc, page, reason) -> the configurations it failed in
     for r in results:
         for p in r["pages"]:
             if p["error"] is not None:
                 reason = " ".join(str(p["error"]).split())  # one line, whatever the error held
                 seen.setdefault((p["doc"], p["page"], reason), []).append(r["config"]["name"])
+    died = [f"  {r['config']['name']}: {r['error']}" for r in results if r.get("error")]
+    died = [f"{len(died)} configuration{'s' if len(died) != 1 else ''} failed (no figures):", *died] if died else []
     if not seen:
-        return []
+        return died
     pages = len({(doc, page) for doc, page, _ in seen if page is not None})
     docs = len({doc for doc, page, _ in seen if page is None})
     head = " and ".join(([f"{pages:,} page{'s' if pages != 1 else ''}"] if pages else [])
@@ -346,8 +394,8 @@ def failure_lines(results: list[dict]) -> list[str]:
     for (doc, page, reason), where in seen.items():
         which = "" if len(where) == len(names) else f" (in {'; '.join(dict.fromkeys(where))})"
         lines.append(f"  {path_text(doc)}{'' if page is None else f' page {page}'}: {reason}{which}")
-    return lines
+    return lines + died
 
 
-__all__ = ["PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "failure_lines",
+__all__ = ["BenchInterrupted", "PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "failure_lines",
            "format_table", "run_config"]

@@ -21,6 +21,7 @@ import click
 from ..errors import ExitCode, ModelError, UsageError, WriteError, path_text
 from ..options import (MAX_THREADS, OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
+from .common import sigterm_as_interrupt
 from .options import table_options
 
 
@@ -114,6 +115,16 @@ def _model_file(path: str, option: str) -> None:
         raise ModelError(e.path, e.problem, option) from None
 
 
+def _text_model(model: str) -> str:
+    """The decoder GGUF `bench generate|decode --model` names: a file, or the text half of a
+    folder's pair or of a pulled model (`lightonocr-2`, owner/repo), as transcribe finds them."""
+    from ..modelfiles.resolve import resolve_model
+
+    if Path(model).is_file():
+        return model
+    return str(resolve_model(model, None)[0])
+
+
 # bench ocr's and bench pages' list of vision compute types, configurations side by side
 vision_dtypes_option = click.option(
     "--vision-dtype", "vision_dtypes", default=spec(EngineOptions, "vision_dtype").default, show_default=True,
@@ -127,7 +138,7 @@ def bench() -> None:
 
 @bench.command("generate")
 @click.option("--model", "models", multiple=True, required=True,
-              help="Decoder GGUF (repeat for several).")
+              help="Decoder GGUF, or a folder or pulled model whose text GGUF to take (repeat for several).")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for each model here.")
 @click.option("--prefill-tokens", default=512, show_default=True, type=click.IntRange(1))
@@ -140,6 +151,7 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
     from ..engine.loader import auto_weights
 
     choices = _choices(weights, "--weights", WEIGHT_CHOICES)
+    models = [_text_model(m) for m in models]
     for m in models:
         _model_file(m, "model")
     rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models
@@ -157,8 +169,9 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
 
 
 @bench.command("ocr")
-@click.option("--model", required=True, help="Text GGUF (qwen3).")
-@click.option("--mmproj", required=True, help="mmproj GGUF.")
+@click.option("--model", help="Text GGUF, a directory holding the text and mmproj GGUFs, or a pulled model's name "
+                              "(default: the bundled reader).")
+@click.option("--mmproj", help="mmproj GGUF.")
 @click.option("--stage", default="vision,prefill", show_default=True, help="vision,prefill")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for this model here.")
@@ -186,8 +199,11 @@ def ocr(model, mmproj, stage, weights, vision_backends, device, vision_dtypes, f
     from ..engine.backends import BACKENDS
     from ..engine.loader import plan_auto
 
+    from ..modelfiles.resolve import resolve_model
+
     stages = _choices(stage, "--stage", ("vision", "prefill"))
     _check_json(json_path)
+    model, mmproj = (str(p) for p in resolve_model(model, mmproj))
     _model_file(model, "model")
     _model_file(mmproj, "mmproj")
     plans = []  # (weights, vision backend, vision dtype) concrete where auto is, in order
@@ -239,7 +255,7 @@ def _ocr_line(r: dict, header: bool) -> None:
 
 
 @bench.command("decode")
-@click.option("--model", required=True, help="Decoder GGUF.")
+@click.option("--model", required=True, help="Decoder GGUF, or a folder or pulled model whose text GGUF to take.")
 @click.option("--weights", default=spec(EngineOptions, "weights").default, show_default=True,
               help="Storage modes, e.g. f32,int8; auto: what transcribe takes for this model here.")
 @click.option("--batch-size", "batch_sizes", default="1,4,8,16,32", show_default=True)
@@ -268,6 +284,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
     compiled = tuple(_on_off(decode_step, "--decode-step"))
     asked = _choices(weights, "--weights", WEIGHT_CHOICES)
     _check_json(json_path)
+    model = _text_model(model)
     _model_file(model, "model")
     storages = list(dict.fromkeys(auto_weights(model)[0] if w == "auto" else w for w in asked))
     click.echo(f"# {cpu_info()}; KV cache {kv_dtype}, {context} cached positions per sequence")
@@ -338,7 +355,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     import tempfile
 
     from ..bench.isolation import cpu_info
-    from ..bench.pages import PageBenchOptions, bench_pages, expand_configs, failure_lines, format_table
+    from ..bench.pages import BenchInterrupted, PageBenchOptions, bench_pages, expand_configs, failure_lines, format_table
     from ..bench.synthetic import synthetic_pdf
     from ..modelfiles.resolve import resolve_model
     from ..pipeline.inputs import expand_inputs
@@ -353,27 +370,47 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         vision_dtype=_choices(vision_dtypes, "--vision-dtype", VISION_DTYPES),
         gpu_prefill=_on_off(gpu_prefill, "--gpu-prefill"), gpu_decode=_on_off(gpu_decode, "--gpu-decode"),
     )
-    if pages_per_config not in ("all", "auto"):
-        _ints(pages_per_config, "--pages-per-config")
+    if pages_per_config not in ("all", "auto") and not pages_per_config.strip().isdigit() or pages_per_config.strip() == "0":
+        raise UsageError(f"--pages-per-config: 'all', 'auto' or one whole number of pages from 1, got {pages_per_config!r}")
     _check_json(json_path)
     _model_file(str(text_path), "model")
     _model_file(str(mmproj_path), "mmproj")
-    with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp:
-        docs = [str(d.path) for d in expand_inputs(list(inputs))] if inputs else []
+    problems: list = []  # inputs that are no document: said, and the others measured, as transcribe does
+    interrupted = False
+    with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp, sigterm_as_interrupt():
+        docs = [str(d.path) for d in expand_inputs(list(inputs), problems)] if inputs else []
         if synthetic:
             docs.append(str(synthetic_pdf(Path(tmp) / f"synthetic-{synthetic}.pdf", synthetic)))
+        for problem in problems[:-1] if not docs else problems:
+            click.echo(f"error: {problem}", err=True)
+        if not docs:  # nothing to measure: the last problem is the command's error (exit 4)
+            raise problems[-1]
         opts = PageBenchOptions(
             model=str(text_path), mmproj=str(mmproj_path), inputs=tuple(docs), max_tokens=max_tokens,
             ignore_eos=ignore_eos, longest_edge=longest_edge, vision_layers=vision_layers, text_layers=text_layers,
-            pages_per_config=pages_per_config, render_workers=render_workers,
+            pages_per_config=pages_per_config.strip(), render_workers=render_workers,
         )
         click.echo(f"# {cpu_info()}")
-        results = bench_pages(opts, configs, isolate=not in_process, repeats=repeats,
-                              on_result=lambda r: click.echo(format_table([r], header=False), err=True))
-    click.echo(format_table(results))
+        try:
+            results = bench_pages(opts, configs, isolate=not in_process, repeats=repeats,
+                                  on_result=lambda r: click.echo(format_table([r], header=False), err=True))
+        except BenchInterrupted as e:  # what finished is reported; the configuration under way has no figures
+            results, interrupted = e.results, True
+    if results:
+        click.echo(format_table(results))
     failures = failure_lines(results)
     for line in failures:  # which document or page, and why: the table only counts them
         click.echo(line, err=True)
     _write_json(json_path, results)
-    if failures:  # the figures stand, but over fewer pages than asked: a script must be able to tell
-        click.get_current_context().exit(int(ExitCode.PAGES_FAILED))
+    ctx = click.get_current_context()
+    if interrupted:
+        click.echo(f"interrupted: {len(results)} of {len(configs)} configuration{'s' * (len(configs) != 1)} "
+                   "finished (the one under way is not reported)", err=True)
+        ctx.exit(int(ExitCode.INTERRUPTED))
+    measured = [r for r in results if not r.get("error")]
+    if not measured:  # every configuration's process died: its own code (71 killed, 70 crashed)
+        ctx.exit(results[0]["exit_code"])
+    if not any(p["error"] is None for r in measured for p in r["pages"]):
+        ctx.exit(int(ExitCode.INPUT_UNREADABLE))  # nothing was read, as transcribe says it
+    if failures or problems:  # the figures stand, but over fewer pages than asked: a script must be able to tell
+        ctx.exit(int(ExitCode.PAGES_FAILED))

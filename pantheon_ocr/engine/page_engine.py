@@ -45,6 +45,7 @@ class PageSeq:
         self.sampler = Sampler(sampling)
         self.max_tokens = sampling.max_tokens
         self.generated: list[int] = []
+        self.logprob = 0.0  # of the tokens chosen, the end's included (engine.scores: else 0)
         self.finished = False
         self.finish_reason: str | None = None
         self.pending: tuple[list[int], np.ndarray, np.ndarray] | None = None  # ids, image row idx, rows
@@ -60,6 +61,10 @@ class PageSeq:
     def accept(self, logits: np.ndarray) -> None:
         """Choose the next token from logits [n_vocab] and decide whether the page is done."""
         tok = self.sampler(logits)
+        if self.engine.scores:
+            z = logits.astype(np.float64)
+            top = z.max()
+            self.logprob += float(z[tok] - top - np.log(np.exp(z - top).sum()))
         if tok in self.engine.stop_ids:
             self.finished, self.finish_reason = True, "eos"
         else:
@@ -100,6 +105,9 @@ class OCREngine:
         # end it (benchmarks on random-weight models, comparisons with reference token streams).
         self.stop_ids = frozenset() if ignore_eos else vlm.stop_ids
         self.guard = None if ignore_eos else RepetitionGuard(vlm.decode)
+        # A reader of lines is asked how sure it was of each line (regions.py leaves out lines
+        # it read as noise: a picture's texture); a page model is not (a full softmax a token).
+        self.scores = vlm.hints.reads_lines
         self.vision_backend = vision_backend  # None: the numpy encoder in the model itself
         self.vision_device = "cpu" if vision_backend is None else vision_backend.device
         self.overlaps = overlaps  # its vision stage pays beside the CPU stage (loader.overlap_pays)

@@ -192,12 +192,18 @@ def _more_open_files() -> None:
 
 def shown(exc) -> str:
     """An error as the command line says it: a setting the library names is shown as its flag."""
-    from .errors import OptionError
+    from .errors import ModelError, OptionError
 
     if isinstance(exc, OptionError) and exc.option:
         from .commands.options import flag_name
 
         return exc.named(flag_name(exc.option))
+    if isinstance(exc, ModelError) and "models pull" not in str(exc):
+        from .modelfiles.catalog import cached_repo
+
+        repo = cached_repo(exc.path) if exc.path else None
+        if repo:  # a pulled file that does not load: the cache's copy is damaged, a pull mends it
+            return f"{exc}; the Hugging Face cache's copy is damaged: `pantheon-ocr models pull {repo}` fetches it again"
     return str(exc)
 
 

@@ -215,3 +215,56 @@ def test_settings_and_caches_that_are_broken_are_said_not_internal_errors(hub, t
                                   AttributeError("'list' object has no attribute 'get'"))
     assert isinstance(error, NetworkError) and error.exit_code == ExitCode.NETWORK
     assert "could not be used: AttributeError: 'list' object has no attribute 'get'; try again later" in str(error)
+
+
+# -- the cache as users leave it: another pull under way, files deleted or cut ------------------------
+def test_a_pull_waiting_for_another_says_so_and_takes_what_it_brought(hub, tmp_path):
+    """A second pull of the same file waited in silence for up to the deadline, then downloaded
+    the file again."""
+    import threading
+
+    from huggingface_hub.utils import WeakFileLock
+
+    lock = tmp_path / ".locks" / "models--acme--tiny-GGUF" / f"{sha256(TEXT)}.lock"
+    lock.parent.mkdir(parents=True)
+    said: list[str] = []
+    result: list = []
+    with WeakFileLock(lock):  # the other pull, downloading the text GGUF
+        worker = threading.Thread(target=lambda: result.append(pull(
+            "acme/tiny-GGUF", endpoint=hub.endpoint, cache_dir=tmp_path, progress=False, log=said.append)))
+        worker.start()
+        for _ in range(100):
+            if any("waiting" in line for line in said):
+                break
+            worker.join(0.1)
+        assert f"acme/tiny-GGUF/tiny-Q8_0.gguf: another pull is downloading it ({lock}); waiting" in said
+        blob = tmp_path / "models--acme--tiny-GGUF" / "blobs" / sha256(TEXT)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(TEXT)  # what the other pull brings before it lets go
+    worker.join(30)
+    assert result and result[0].text.read_bytes() == TEXT
+    assert "acme/tiny-GGUF/tiny-Q8_0.gguf: brought by the other pull, checksum verified" in said
+    assert hub.gets(f"/blobs/{sha256(TEXT)}") == []  # not downloaded twice
+
+
+def test_a_deleted_or_cut_file_in_the_cache_is_said_with_the_pull_that_mends_it(hub, tmp_path):
+    home = tmp_path / "hf"
+    assert cli("models", "pull", "acme/tiny-GGUF:Q8_0", "--quant", "q8_0", "--no-progress", hf_home=home,
+               endpoint=hub.endpoint).stderr.endswith("ready: pantheon-ocr transcribe DOCS --model acme/tiny-GGUF:Q8_0\n")
+    r = cli("models", "pull", "acme/tiny-GGUF:Q8_0", "--quant", "Q4_K_M", hf_home=home, endpoint=hub.endpoint)
+    assert r.returncode == 2 and "names the quantization Q8_0 and quant says Q4_K_M: give one" in r.stderr
+    cache = home / "hub" / "models--acme--tiny-GGUF"
+    text_blob, mmproj_blob = cache / "blobs" / sha256(TEXT), cache / "blobs" / sha256(MMPROJ)
+    text_blob.write_bytes(TEXT[: len(TEXT) // 2])  # a copy cut short
+    img = tmp_path / "p.png"
+    img.write_bytes(IMAGE.read_bytes())
+    r = cli("transcribe", str(img), "--model", "acme/tiny-GGUF", "-o", str(tmp_path / "o"), hf_home=home)
+    assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
+    assert "the Hugging Face cache's copy is damaged: `pantheon-ocr models pull acme/tiny-GGUF` fetches it again" in r.stderr
+    mmproj_blob.unlink()  # deleted by hand: half a model
+    r = cli("models", "list", hf_home=home)
+    assert "acme/tiny-GGUF" in r.stdout and ("incomplete: mmproj-tiny-f16.gguf deleted from the cache; "
+                                             "`pantheon-ocr models pull acme/tiny-GGUF` fetches it again") in r.stdout
+    r = cli("transcribe", str(img), "--model", "acme/tiny-GGUF", "-o", str(tmp_path / "o"), hf_home=home)
+    assert r.returncode == 3 and "mmproj-tiny-f16.gguf missing from the Hugging Face cache" in r.stderr
+    assert r.stderr.rstrip().endswith("run `pantheon-ocr models pull acme/tiny-GGUF`")

@@ -58,7 +58,9 @@ def pull(name, quant, revision, progress, timeout, deadline) -> None:
         raise
     for path in (got.text, got.mmproj):
         click.echo(f"{path_text(path)} ({path.stat().st_size / 1e6:,.1f} MB)")
-    click.echo(f"ready: pantheon-ocr transcribe DOCS --model {name}" + (f":{quant.upper()}" if quant else ""), err=True)
+    base, _, suffix = name.strip().partition(":")  # the quantization said once, whichever way it was given
+    chosen = (quant or suffix).upper()
+    click.echo(f"ready: pantheon-ocr transcribe DOCS --model {base}" + (f":{chosen}" if chosen else ""), err=True)
 
 
 @models.command(name="list")
@@ -92,6 +94,9 @@ def list_(known) -> None:
                    f"{total / 1e6:,.1f} MB)")
         for f in m.files:
             _file_line("mmproj" if f.mmproj else "text  ", f.quant or "?", f.size, f.path)
+        if m.missing:
+            click.echo(f"  incomplete: {', '.join(m.missing)} deleted from the cache; "
+                       f"`pantheon-ocr models pull {m.name}` fetches {'it' if len(m.missing) == 1 else 'them'} again")
 
 
 def _file_line(kind: str, quant: str, size: int, path) -> None:

@@ -83,10 +83,13 @@ class ModelRef:
 
 def parse_name(name: str, quant: str | None = None) -> ModelRef | None:
     """`lightonocr-2`, `lightonocr-2:Q4_K_M`, `owner/repo`, `owner/repo:Q8_0` -> ModelRef; None
-    when `name` is not a model name (a file path, say). `quant` overrides a `:QUANT` suffix."""
+    when `name` is not a model name (a file path, say). `quant` and a `:QUANT` suffix, where both
+    are given, must agree."""
     m = _NAME_QUANT.fullmatch(name.strip())
     if m is None:
         return None
+    if quant and m["quant"] and quant.upper() != m["quant"].upper():
+        raise UsageError(f"{name}: names the quantization {m['quant'].upper()} and quant says {quant.upper()}: give one")
     base, q = m["name"], (quant or m["quant"])
     q = q.upper() if q else None
     if q is not None and not _QUANT.fullmatch(q):
@@ -221,6 +224,26 @@ def local_files(snapshot: Path) -> list[str]:
     return sorted(found)
 
 
+def missing_files(snapshot: Path) -> list[str]:
+    """GGUF files of a snapshot whose blob is gone (a dangling link: the cache cleaned by hand, a
+    blob deleted), as local_files names them."""
+    gone = []
+    for folder, dirs, files in os.walk(snapshot):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = Path(folder).relative_to(snapshot)
+        gone += [(rel / f).as_posix() for f in files if f.lower().endswith(".gguf") and not (Path(folder) / f).exists()]
+    return sorted(gone)
+
+
+def cached_repo(path: str | os.PathLike) -> str | None:
+    """owner/repo when `path` is a file of the Hugging Face cache (`.../models--owner--repo/snapshots/...`)."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots" and "--" in part[len("models--"):]:
+            return part[len("models--"):].replace("--", "/", 1)
+    return None
+
+
 # -- names from the Hub become paths only when they cannot lead out of the cache ------------------
 _PART = re.compile(r"(?!\.\.?$)[A-Za-z0-9._+=@,~-]{1,200}")  # one path component: not `.`, `..`, no separator
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -251,6 +274,10 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     pull = f"pantheon-ocr models pull {ref.short or ref.repo}" + (f" --quant {ref.quant}" if ref.quant else "")
     snap = snapshot_dir(ref.repo, revision, cache_dir)
     files = local_files(snap) if snap is not None else []
+    gone = missing_files(snap) if snap is not None else []
+    if gone:  # half a pull left: said as such, not as a repo without an mmproj
+        raise ModelError(name, f"{', '.join(gone)} missing from the Hugging Face cache ({snap}: its file was "
+                               f"deleted): run `{pull}`")
     if not files:
         raise ModelError(name, f"not pulled (nothing of {ref.repo} in the Hugging Face cache {hub_cache(cache_dir)}): "
                                f"run `{pull}`")
@@ -261,5 +288,5 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     return snap / text, snap / mmproj
 
 
-__all__ = ["KNOWN", "ModelRef", "Variant", "is_digest", "local_pair", "parse_name", "pick_pair", "quant_of",
+__all__ = ["KNOWN", "ModelRef", "Variant", "cached_repo", "is_digest", "local_pair", "missing_files", "parse_name", "pick_pair", "quant_of",
            "safe_repo_path", "safe_revision"]

@@ -44,6 +44,7 @@ import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -174,7 +175,7 @@ def _safe(entry: _Entry, ref: catalog.ModelRef, endpoint: str) -> _Entry:
 def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Clock, progress: bool, say) -> bool:
     """Make `blob` hold the entry's verified bytes; True if they were downloaded now."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.utils import WeakFileLock, tqdm
+    from huggingface_hub.utils import tqdm
 
     where = f"{ref.repo}/{entry.path}"
     if blob.is_file():
@@ -197,7 +198,10 @@ def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Cl
     say(f"{where} ({mb(entry.size)})")
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with WeakFileLock(lock, timeout=max(clock.ends - time.monotonic(), 0.1)):
+        with _waiting_for(lock, clock, lambda: say(f"{where}: another pull is downloading it ({lock}); waiting")):
+            if blob.is_file() and _hash(blob, entry.digest) == entry.digest:  # that pull brought it
+                say(f"{where}: brought by the other pull, checksum verified")
+                return False
             with tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.path.rsplit("/", 1)[-1],
                       disable=not progress) as bar:
                 transfer.fetch(location, part, entry.size, auth=origin(location) == origin(endpoint), clock=clock,
@@ -214,6 +218,26 @@ def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Cl
     except OSError as e:
         raise WriteError(f"{where}: cannot write the Hugging Face cache {blob.parent}: {e.strerror or e}") from None
     return True
+
+
+@contextmanager
+def _waiting_for(lock: Path, clock: Clock, waiting: Callable[[], None]):
+    """huggingface_hub's lock of a file, held while it is downloaded: a pull that has to wait for
+    another one says so (`waiting`) instead of going silent for up to the deadline."""
+    from huggingface_hub.utils import WeakFileLock
+
+    held = False
+    try:
+        with WeakFileLock(lock, timeout=min(1.0, max(clock.ends - time.monotonic(), 0.1))):
+            held = True
+            yield
+        return
+    except TimeoutError:
+        if held or time.monotonic() >= clock.ends:  # the download's own, or the deadline passed
+            raise
+    waiting()
+    with WeakFileLock(lock, timeout=max(clock.ends - time.monotonic(), 0.1)):
+        yield
 
 
 def _location(meta, entry: _Entry, commit: str, where: str, url: str) -> str:
@@ -359,11 +383,13 @@ class LocalModel:
     repo: str
     revision: str
     files: tuple[LocalFile, ...]
+    missing: tuple[str, ...] = ()  # GGUF files whose blob is gone: the model is not usable until pulled again
 
 
 def local_models(cache_dir: str | os.PathLike | None = None) -> list[LocalModel]:
-    """Every repo in the Hugging Face cache with a GGUF pair (a text GGUF and an mmproj): the
-    newest snapshot of each (the one `--model NAME` uses), its GGUF files with sizes and paths."""
+    """Every repo in the Hugging Face cache with a GGUF pair (a text GGUF and an mmproj), or a part of
+    one whose other files were deleted (`missing`): the newest snapshot of each (the one `--model
+    NAME` uses), its GGUF files with sizes and paths."""
     root = catalog.hub_cache(cache_dir)
     short = {v.repo.lower(): k for k, v in catalog.KNOWN.items()}
     found = []
@@ -376,8 +402,9 @@ def local_models(cache_dir: str | os.PathLike | None = None) -> list[LocalModel]
         for name in catalog.local_files(snap):
             p = snap / name
             files.append(LocalFile(name, p, p.stat().st_size, catalog.quant_of(name), catalog.is_mmproj(name)))
-        if {f.mmproj for f in files} == {True, False}:  # half a model is not a model
-            found.append(LocalModel(short.get(repo.lower(), repo), repo, snap.name, tuple(files)))
+        gone = tuple(catalog.missing_files(snap))
+        if {f.mmproj for f in files} == {True, False} or gone:  # half a model is listed only if half was deleted
+            found.append(LocalModel(short.get(repo.lower(), repo), repo, snap.name, tuple(files), gone))
     return found
 
 

@@ -151,7 +151,8 @@ class SamplingOptions:
     """How a page's tokens are chosen. The one sampling type of the project: the pipeline, archive
     jobs (which retry a page hotter) and the engine all pass it; validated when it is made."""
 
-    max_tokens: int = option(4096, "Tokens per page at most (a dense page of LightOnOCR output is ~1-2k).", lo=1)
+    max_tokens: int = option(4096, "Tokens per page at most (a dense page of LightOnOCR output is ~1-2k); per "
+                                   "region where pages are read in regions (--segment lines or blocks).", lo=1)
     temperature: float = option(0.0, "0 = greedy: OCR wants the most likely reading, reproducibly.", lo=0)
     top_p: float = option(1.0, "Nucleus sampling mass (with --temperature > 0).", lo=0, hi=1, lo_open=True)
     seed: int | None = option(0, "Sampling seed.", kind="int", lo=0)  # None: a fresh random seed

@@ -429,3 +429,14 @@ def test_an_output_folder_that_makes_no_files_is_said_so():
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "/proc", "--no-progress")
     assert code == 73 and err == ("error: /proc: cannot write in the output folder: files cannot be made in it (a virtual "
                                   "file system such as /proc?)\n")
+
+
+def test_the_gpu_switches_without_a_gpu_are_said(tmp_path):
+    """--gpu-prefill on a machine with no GPU was taken in silence: the prefill ran through torch on
+    the CPU with a second copy of the weights (406 MB against 218 in the probe)."""
+    torch = pytest.importorskip("torch", reason="the GPU switches need torch (pip install 'pantheon-ocr[gpu]')")
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("this machine has a GPU")
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path, "--no-progress",
+                       "--gpu-prefill", "--max-tokens", 2)
+    assert code == 0 and "note: gpu-prefill: no GPU here (torch finds no CUDA or MPS device)" in err, err

@@ -187,6 +187,10 @@ def load_page_engine(options: EngineOptions):
         from .backends import resolve_device
 
         device = resolve_device(device)
+        if o.device is None and device == "cpu":  # they move work to an accelerator: without one they cost memory
+            notes.append(f"{' and '.join(n for n, on in (('gpu-prefill', o.gpu_prefill), ('gpu-decode', o.gpu_decode)) if on)}: "
+                         "no GPU here (torch finds no CUDA or MPS device), so the work runs through torch on the CPU, "
+                         "with a second copy of the decoder's weights; leave it off on this machine")
 
     # Another vision backend keeps its own weights: the numpy tower then only maps the file.
     vlm = load_vlm(o.model, o.mmproj, weights=o.weights, vision_weights=None if planned == "numpy" else "quantized",

@@ -102,6 +102,7 @@ class WholePrompt:
 class FakeSeq:
     prefilling = False
     closed = False
+    logprob = 0.0  # not scored (Seq.logprob)
 
     def close(self) -> None:
         self.closed = True

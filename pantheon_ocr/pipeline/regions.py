@@ -24,6 +24,11 @@ from .types import PageEngine, Seq
 # short prompts) joins in a few steps, each short enough that the pages already decoding do not
 # wait long for their next token.
 PREFILL_GROUP = 64
+# A block of at least this many lines, read at a mean log-probability below this a token, and
+# with fewer letters than this share of its characters, is a picture's texture (RegionGroup._noise).
+NOISE_LINES = 3
+NOISE_LOGPROB = -0.5
+NOISE_LETTERS = 0.6
 
 
 @dataclass
@@ -68,8 +73,43 @@ class RegionGroup:
         reasons = {s.finish_reason for s in self.parts()}
         return next((r for r in ("max_tokens", "repetition") if r in reasons), "eos")
 
+    @property
+    def logprob(self) -> float:
+        return sum(s.logprob for s in self.parts())
+
     def text(self) -> str:
-        return join_regions(self.regions, [" ".join(s.text().strip() for s in parts) for parts in self.seqs])
+        texts = [" ".join(s.text().strip() for s in parts) for parts in self.seqs]
+        noise = self._noise(texts)
+        keep = [i not in noise for i in range(len(self.regions))]
+        return join_regions([r for r, k in zip(self.regions, keep) if k], [t for t, k in zip(texts, keep) if k])
+
+    def _noise(self, texts: list[str]) -> set[int]:
+        """The regions of blocks read as noise: a picture (a photograph, a halftone) cut into
+        lines reads as lines of stray symbols the reader is unsure of, token after token. A block
+        of NOISE_LINES lines or more goes when its tokens' mean log-probability is below
+        NOISE_LOGPROB and under NOISE_LETTERS of its characters are letters. A line alone never
+        goes (a title, a page number misread is still the page's); nor does a poor scan's text,
+        read as unsure but still as letters (its words half right are worth keeping).
+
+        Measured with the bundled reader on blocks of three lines or more: the dev set's 35 pages
+        -0.01 to -0.23 a token (tables and code down to 0.28 letters); the same pages scanned badly
+        (halved, blurred, noisy: CER 0.33) down to -1.7, but 0.63 letters and more but one block
+        of garbage; pictures -0.51 to -1.32 and 0.07 to 0.55 letters. On the pictures' pages the
+        CER went from 0.144 to 0.018, the others unchanged."""
+        by_block: dict[int, list[int]] = {}
+        for i, r in enumerate(self.regions):
+            by_block.setdefault(r.block, []).append(i)
+        noise = set()
+        for members in by_block.values():
+            if len(members) < NOISE_LINES:
+                continue
+            seqs = [s for i in members for s in self.seqs[i]]
+            tokens = sum(s.n_tokens + 1 for s in seqs)  # the end token is scored too
+            chars = "".join(texts[i] for i in members).replace(" ", "")
+            letters = sum(c.isalpha() for c in chars) / max(1, len(chars))
+            if sum(s.logprob for s in seqs) / tokens < NOISE_LOGPROB and letters < NOISE_LETTERS:
+                noise.update(members)
+        return noise
 
     def close(self) -> None:
         for s in self.parts():

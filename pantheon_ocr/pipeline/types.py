@@ -31,6 +31,9 @@ class Seq(Protocol):
     finish_reason: str | None  # "eos" | "max_tokens" | "repetition" (| "blank": a page with no text regions)
     n_tokens: int  # generated so far
     prefilling: bool  # part of its prompt is still to be prefilled (start_prefill / prefill_steps)
+    # The log-probability of the tokens it chose, the end's included, where its engine scores them
+    # (readers of lines: regions.py leaves out blocks read as noise); 0.0 where it does not.
+    logprob: float
 
     def text(self) -> str: ...
 

@@ -27,6 +27,7 @@ class StubSeq:
     (width in 28-px tokens x height in px)."""
 
     prefilling = False
+    logprob = 0.0
 
     def close(self):
         pass
@@ -153,3 +154,37 @@ def test_a_line_wider_than_the_readers_line_width_is_read_in_pieces_at_word_gaps
     assert len(parts) >= 3 and all(p.size[0] <= 7 for p in parts)
     assert sum(p.size[0] for p in parts) >= whole[0][0].size[0] - len(parts)  # no ink lost between pieces
     assert group.text() == " ".join(p.text() for p in parts)
+
+
+def test_a_block_read_as_noise_is_left_out_and_a_lone_line_never():
+    """RegionGroup.text() drops a block of three lines or more whose tokens the reader chose at a
+    mean log-probability below NOISE_LOGPROB and that reads as few letters (a picture's texture);
+    a line alone stays, however unsure (a misread title is still the page's), and so do a block
+    read with confidence (a table of numbers) and a poor scan's text (unsure, but letters)."""
+    from pantheon_ocr.pipeline.regions import NOISE_LOGPROB, RegionGroup
+    from pantheon_ocr.pipeline.segment import Region
+
+    class Scored:
+        prefilling, finished, finish_reason = False, True, "eos"
+
+        def __init__(self, text, per_token):
+            self._text, self.n_tokens = text, len(text)
+            self.logprob = per_token * (self.n_tokens + 1)  # the end token is scored too
+
+        def text(self):
+            return self._text
+
+        def close(self):
+            pass
+
+    low, high = NOISE_LOGPROB * 1.2, NOISE_LOGPROB * 0.8
+    blocks = [(0, ["Title", ], low * 3), (1, ["a b c", "d e f", "g h i"], high), (2, ["#~", "*.", "|-", "%"], low),
+              (3, ["tail one", "tail two"], low), (4, ["Tbe scan", "rcad badly", "stil1 words"], low * 2),
+              (5, ["| 1 |", "| 2 |", "| 3 |"], high)]
+    regions, seqs = [], []
+    for block, texts, lp in blocks:
+        for row, t in enumerate(texts):
+            regions.append(Region((0, 0, 10, 10), block, row))
+            seqs.append([Scored(t, lp)])
+    assert RegionGroup(regions, seqs).text() == ("Title\n\na b c\nd e f\ng h i\n\ntail one\ntail two\n\n"
+                                                 "Tbe scan\nrcad badly\nstil1 words\n\n| 1 |\n| 2 |\n| 3 |")

@@ -358,6 +358,8 @@ class RenderPool:
             self._workers.pop(i)
             raise RuntimeError(
                 f"render worker processes fail to start ({_describe_exit(old.process.exitcode)}); "
-                "see the messages above. Is the main module importable by worker processes?"
+                "see the messages above. A script that reads with pantheon_ocr must do it under "
+                "`if __name__ == \"__main__\":` (each worker process imports the script again, which then "
+                "starts a run of its own)"
             )
         self._respawn(i)

@@ -149,20 +149,26 @@ def test_failure_lines_list_each_failure_once_and_where_only_some_configurations
 
 # -- bench: a missing or bad model file is exit 3, naming it --------------------------------------
 @pytest.mark.parametrize("args, path, problem", [
-    (["bench", "decode", "--model", "/nonexist"], "/nonexist", "cannot open model file: No such file or directory"),
+    (["bench", "decode", "--model", "/nonexist"], "/nonexist", "no such model file"),  # as transcribe says it
     (["bench", "ocr", "--model", TEXT, "--mmproj", "/nonexist"], "/nonexist",
      "cannot open model file: No such file or directory"),
     (["bench", "ocr", "--model", "/nonexist", "--mmproj", MMPROJ], "/nonexist",
      "cannot open model file: No such file or directory"),
-    (["bench", "decode", "--model", str(ROOT / "samples")], str(ROOT / "samples"),
-     "not a model file: a folder, not a regular file"),
-    (["bench", "generate", "--model", str(ROOT / "samples")], str(ROOT / "samples"),
-     "not a model file: a folder, not a regular file"),
 ])
 def test_bench_with_a_missing_model_file_is_exit_3_naming_it(args, path, problem, capsys):
     assert main(args) == ExitCode.BAD_MODEL == 3
     out, err = capsys.readouterr()
     assert out == "" and err == f"error: {path}: {problem}\n"
+
+
+@pytest.mark.parametrize("bench", ["decode", "generate"])
+def test_bench_with_a_folder_without_a_model_says_it_as_transcribe_does(bench, capsys):
+    folder = str(ROOT / "samples")
+    assert main(["bench", bench, "--model", folder]) == ExitCode.BAD_ARGUMENTS
+    said = capsys.readouterr().err
+    assert main(["transcribe", str(GOOD), "--model", folder]) == ExitCode.BAD_ARGUMENTS
+    assert capsys.readouterr().err == said == (f"error: --model {folder}: the folder should hold one text GGUF and one "
+                                               "*mmproj*.gguf, found []; name the two files instead\n")
 
 
 def test_bench_pages_with_a_missing_model_file_is_exit_3_before_any_child_runs(capsys):
@@ -257,18 +263,29 @@ def test_pull_with_home_a_regular_file_names_the_local_path_not_the_network(endp
 
 # -- bench configuration lists: a typo is said, not read as something else -------------------------
 @pytest.mark.parametrize("flag,value,problem", [
-    ("--batch-size", "1,,2", "--batch-size: expected comma-separated integers, cannot read '' in '1,,2'"),
-    ("--batch-size", "4,", "cannot read '' in '4,'"),
-    ("--batch-size", "+-1", "cannot read '+-1' in '+-1'"),  # not an internal error (StopIteration)
-    ("--batch-size", "257", "--batch-size: values must be from 1 to 256, got '257'"),  # transcribe's bound
-    ("--threads", "2,x", "--threads: expected comma-separated integers, cannot read 'x' in '2,x'"),
-    ("--threads", "513", "--threads: values must be from 1 to 512"),
-    ("--weights", "f32,,bf16", "--weights: expected comma-separated values of"),
+    ("--batch-size", "1,,2", "Invalid value for '--batch-size': '' is not a valid integer range. (in the list '1,,2')"),
+    ("--batch-size", "4,", "'' is not a valid integer range. (in the list '4,')"),
+    ("--batch-size", "+-1", "'+-1' is not a valid integer range."),  # not an internal error (StopIteration)
+    ("--batch-size", "257", "Invalid value for '--batch-size': 257 is not in the range 1<=x<=256."),  # transcribe's bound
+    ("--threads", "2,x", "Invalid value for '--threads': 'x' is not a valid integer range. (in the list '2,x')"),
+    ("--threads", "513", "Invalid value for '--threads': 513 is not in the range 1<=x<=512."),
+    ("--weights", "f32,,bf16", "Invalid value for '--weights': '' is not one of"),
 ])
 def test_bench_lists_refuse_empty_and_out_of_range_items(flag, value, problem, capsys, nothing_may_run):
     args = BENCHES["pages"] if flag != "--weights" else BENCHES["decode"]
     assert main(args + [flag, value]) == ExitCode.BAD_ARGUMENTS
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--batch-size", "0"), ("--weights", "fp16"), ("--threads", "0")])
+def test_bench_says_a_bad_value_as_transcribe_says_it(flag, value, capsys, nothing_may_run):
+    """The same bad value read `Error: Invalid value for '--batch-size': 0 is not in the range
+    1<=x<=256.` from transcribe and `error: --batch-size: values must be from 1 to 256, got '0'`
+    from bench."""
+    assert main(["transcribe", str(GOOD), flag, value]) == ExitCode.BAD_ARGUMENTS
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert main(BENCHES["pages"] + [flag, value]) == ExitCode.BAD_ARGUMENTS
+    assert capsys.readouterr().err.splitlines()[-1] == said and said.startswith("Error: Invalid value for ")
 
 
 def test_bench_lists_run_a_repeated_value_once():

@@ -25,19 +25,23 @@ from .common import sigterm_as_interrupt
 from .options import table_options
 
 
-def _ints(value: str, name: str, low: int = 1, high: int | None = None) -> list[int]:
-    """'1,8,16' -> [1, 8, 16]: each a whole number in [low, high], a repeat run once; an empty
-    item ('1,,2') is a typo, not nothing."""
+def _items(value: str, name: str, kind: click.ParamType) -> list:
+    """'1,8,16' -> [1, 8, 16]: each item converted and checked by `kind` (click's own type, so that
+    a bad value is said in the words transcribe says it in: `Invalid value for '--batch-size': 0 is
+    not in the range 1<=x<=256.`), a repeat run once; an empty item ('1,,2') is a typo, not nothing."""
+    items = [v.strip() for v in str(value).split(",")]
     out = []
-    for item in (v.strip() for v in str(value).split(",")):
+    for item in items:
         try:
-            out.append(int(item))
-        except ValueError:
-            raise UsageError(f"{name}: expected comma-separated integers, cannot read {item!r} in {value!r}") from None
-    if min(out) < low or (high is not None and max(out) > high):
-        bounds = f">= {low}" if high is None else f"from {low} to {high}"
-        raise UsageError(f"{name}: values must be {bounds}, got {value!r}")
+            out.append(kind.convert(item, None, None))
+        except click.BadParameter as e:
+            where = f" (in the list {value!r})" if len(items) > 1 else ""
+            raise click.BadParameter(e.message + where, param_hint=f"'{name}'") from None
     return list(dict.fromkeys(out))
+
+
+def _ints(value: str, name: str, low: int = 1, high: int | None = None) -> list[int]:
+    return _items(value, name, click.IntRange(low, high))
 
 
 def _batch_sizes(value: str) -> list[int]:
@@ -46,12 +50,7 @@ def _batch_sizes(value: str) -> list[int]:
 
 
 def _choices(value: str, name: str, allowed: tuple[str, ...]) -> list[str]:
-    out = [v.strip() for v in str(value).split(",")]
-    bad = [v for v in out if v not in allowed]
-    if bad:
-        raise UsageError(f"{name}: expected comma-separated values of {', '.join(allowed)}, cannot read {bad[0]!r} "
-                         f"in {value!r}")
-    return list(dict.fromkeys(out))
+    return _items(value, name, click.Choice(list(allowed)))
 
 
 def _on_off(value: str, name: str) -> list[bool]:

@@ -268,3 +268,17 @@ def test_a_deleted_or_cut_file_in_the_cache_is_said_with_the_pull_that_mends_it(
     r = cli("transcribe", str(img), "--model", "acme/tiny-GGUF", "-o", str(tmp_path / "o"), hf_home=home)
     assert r.returncode == 3 and "mmproj-tiny-f16.gguf missing from the Hugging Face cache" in r.stderr
     assert r.stderr.rstrip().endswith("run `pantheon-ocr models pull acme/tiny-GGUF`")
+
+
+def test_a_disk_without_room_is_said_before_a_byte_comes(hub, tmp_path, monkeypatch):
+    """A full disk was found as the file was written (exit 73), the partial file left on it."""
+    import shutil as _shutil
+
+    from pantheon_ocr.errors import WriteError
+    from pantheon_ocr.modelfiles import hub as hub_module
+
+    real = _shutil.disk_usage
+    monkeypatch.setattr(hub_module.shutil, "disk_usage", lambda p: real(p)._replace(free=len(TEXT) // 2))
+    with pytest.raises(WriteError, match=r"^acme/tiny-GGUF/tiny-Q8_0.gguf: [\d.,]+ MB to download but [\d.,]+ MB free in "):
+        pull("acme/tiny-GGUF", endpoint=hub.endpoint, cache_dir=tmp_path, progress=False)
+    assert hub.gets("/blobs/") == [] and not list(tmp_path.rglob("*.incomplete"))

@@ -202,6 +202,7 @@ def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Cl
             if blob.is_file() and _hash(blob, entry.digest) == entry.digest:  # that pull brought it
                 say(f"{where}: brought by the other pull, checksum verified")
                 return False
+            _room_for(part, entry.size, where)
             with tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.path.rsplit("/", 1)[-1],
                       disable=not progress) as bar:
                 transfer.fetch(location, part, entry.size, auth=origin(location) == origin(endpoint), clock=clock,
@@ -218,6 +219,17 @@ def _bring(ref, commit: str, entry: _Entry, blob: Path, endpoint: str, clock: Cl
     except OSError as e:
         raise WriteError(f"{where}: cannot write the Hugging Face cache {blob.parent}: {e.strerror or e}") from None
     return True
+
+
+def _room_for(part: Path, size: int, where: str) -> None:
+    """WriteError (73) before a byte comes when the disk cannot hold what is left to download: a
+    full disk found at 90% of a 2 GB file is an hour lost, and the partial file fills it."""
+    part.parent.mkdir(parents=True, exist_ok=True)
+    left = size - (part.stat().st_size if part.exists() else 0)
+    free = shutil.disk_usage(part.parent).free
+    if left > free:
+        raise WriteError(f"{where}: {mb(left)} to download but {mb(free)} free in {part.parent}: make room, or set "
+                         "HF_HOME to a disk that has it, and pull again")
 
 
 @contextmanager

@@ -130,6 +130,8 @@ def _main(args: list[str], verbose: bool) -> int:
     except PantheonError as exc:
         if verbose:  # the traceback, then the same line and exit code as without -v
             traceback.print_exc()
+        from .commands.options import shown
+
         click.echo(f"error: {shown(exc)}", err=True)
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -188,23 +190,6 @@ def _more_open_files() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     except (ImportError, OSError, ValueError):
         pass  # not on this system, or not allowed: the limit stays as it is
-
-
-def shown(exc) -> str:
-    """An error as the command line says it: a setting the library names is shown as its flag."""
-    from .errors import ModelError, OptionError
-
-    if isinstance(exc, OptionError) and exc.option:
-        from .commands.options import flag_name
-
-        return exc.named(flag_name(exc.option))
-    if isinstance(exc, ModelError) and "models pull" not in str(exc):
-        from .modelfiles.catalog import cached_repo
-
-        repo = cached_repo(exc.path) if exc.path else None
-        if repo:  # a pulled file that does not load: the cache's copy is damaged, a pull mends it
-            return f"{exc}; the Hugging Face cache's copy is damaged: `pantheon-ocr models pull {repo}` fetches it again"
-    return str(exc)
 
 
 def run() -> None:

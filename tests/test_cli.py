@@ -440,3 +440,12 @@ def test_the_gpu_switches_without_a_gpu_are_said(tmp_path):
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path, "--no-progress",
                        "--gpu-prefill", "--max-tokens", 2)
     assert code == 0 and "note: gpu-prefill: no GPU here (torch finds no CUDA or MPS device)" in err, err
+
+
+def test_nothing_to_read_and_a_bad_model_are_both_said(tmp_path):
+    """With every input missing the run stops before the model loads (exit 4); a --model that would
+    not have loaded either was not said, and came as a surprise on the next try."""
+    code, _, err = run("transcribe", tmp_path / "missing.pdf", "--model", tmp_path / "nosuch.gguf", "-o", tmp_path / "o")
+    assert code == ExitCode.INPUT_UNREADABLE
+    assert f"  {tmp_path / 'missing.pdf'}: no such file or folder" in err.splitlines()
+    assert err.splitlines()[-1] == f"error: {tmp_path / 'nosuch.gguf'}: no such model file"

@@ -27,6 +27,21 @@ def flag_name(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+def shown(exc) -> str:
+    """An error as the command line says it: a setting the library names is shown as its flag."""
+    from ..errors import ModelError, OptionError
+
+    if isinstance(exc, OptionError) and exc.option:
+        return exc.named(flag_name(exc.option))
+    if isinstance(exc, ModelError) and "models pull" not in str(exc):
+        from ..modelfiles.catalog import cached_repo
+
+        repo = cached_repo(exc.path) if exc.path else None
+        if repo:  # a pulled file that does not load: the cache's copy is damaged, a pull mends it
+            return f"{exc}; the Hugging Face cache's copy is damaged: `pantheon-ocr models pull {repo}` fetches it again"
+    return str(exc)
+
+
 class ChoiceList(click.Choice):
     """A list option's value: one choice, or several with commas (`--format md,jsonl`), as
     `--pages 1-3,7` and the bench lists take them; each checked against the choices."""

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import ExitCode, UsageError, path_text
+from ..errors import ExitCode, PantheonError, UsageError, path_text
 from ..options import EngineOptions, PipelineOptions, SamplingOptions
-from .options import table_options
+from .options import shown, table_options
 
 
 @click.command()
@@ -58,9 +58,14 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         output, skip_existing = scratch.name, False
     problems: list = []  # every bad path is named and skipped; the rest of the batch runs
     if not expand_inputs(list(inputs), problems):  # nothing to read: say why, without loading the model
+        from ..modelfiles.resolve import resolve_model
         from ..pipeline.types import PageFailure, RunSummary
 
         echo_summary(RunSummary((), unreadable=tuple(PageFailure(e.path, None, e.problem) for e in problems)))
+        try:  # a model that would not have loaded either is said now, not on the next try
+            resolve_model(model, mmproj)
+        except PantheonError as e:
+            click.echo(f"error: {shown(e)}", err=True)
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
     # here before the model loads (Reader.transcribe checks again, for callers of the API)
     check_output_folder(output)

@@ -260,14 +260,31 @@ def test_a_deleted_or_cut_file_in_the_cache_is_said_with_the_pull_that_mends_it(
     img.write_bytes(IMAGE.read_bytes())
     r = cli("transcribe", str(img), "--model", "acme/tiny-GGUF", "-o", str(tmp_path / "o"), hf_home=home)
     assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
-    assert "the Hugging Face cache's copy is damaged: `pantheon-ocr models pull acme/tiny-GGUF` fetches it again" in r.stderr
+    assert ("the Hugging Face cache's copy is damaged: `pantheon-ocr models pull acme/tiny-GGUF --quant Q8_0` fetches it "
+            "again") in r.stderr
     mmproj_blob.unlink()  # deleted by hand: half a model
     r = cli("models", "list", hf_home=home)
-    assert "acme/tiny-GGUF" in r.stdout and ("incomplete: mmproj-tiny-f16.gguf deleted from the cache; "
+    assert "acme/tiny-GGUF" in r.stdout and ("deleted from the cache: mmproj-tiny-f16.gguf; "
                                              "`pantheon-ocr models pull acme/tiny-GGUF` fetches it again") in r.stdout
     r = cli("transcribe", str(img), "--model", "acme/tiny-GGUF", "-o", str(tmp_path / "o"), hf_home=home)
     assert r.returncode == 3 and "mmproj-tiny-f16.gguf missing from the Hugging Face cache" in r.stderr
-    assert r.stderr.rstrip().endswith("run `pantheon-ocr models pull acme/tiny-GGUF`")
+    assert r.stderr.rstrip().endswith("run `pantheon-ocr models pull acme/tiny-GGUF --quant Q8_0`")
+
+
+def test_a_deleted_file_outside_the_pair_asked_for_stands_in_no_way(hub, tmp_path):
+    """With two quantizations pulled and one of them deleted, the other (asked for by name) was
+    refused for the deleted one, and the pull it advised could not bring it back."""
+    from pantheon_ocr.modelfiles.catalog import local_pair
+
+    hub.add("acme/two-GGUF", {"ocr-Q8_0.gguf": TEXT, "ocr-Q4_K_M.gguf": TEXT + b"\0", "mmproj-ocr-f16.gguf": MMPROJ})
+    for quant in ("Q8_0", "Q4_K_M"):
+        pull("acme/two-GGUF", quant, endpoint=hub.endpoint, cache_dir=tmp_path, progress=False)
+    (tmp_path / "models--acme--two-GGUF" / "blobs" / sha256(TEXT)).unlink()  # ocr-Q8_0.gguf's
+    text, mmproj = local_pair("acme/two-GGUF:Q4_K_M", tmp_path)
+    assert text.name == "ocr-Q4_K_M.gguf" and mmproj.name == "mmproj-ocr-f16.gguf"
+    with pytest.raises(ModelError, match=r"ocr-Q8_0.gguf missing from the Hugging Face cache .*: run "
+                                         r"`pantheon-ocr models pull acme/two-GGUF --quant Q8_0`$"):
+        local_pair("acme/two-GGUF:Q8_0", tmp_path)
 
 
 def test_a_disk_without_room_is_said_before_a_byte_comes(hub, tmp_path, monkeypatch):

@@ -122,7 +122,7 @@ def _find_outputs(base: Path, doc: Document, source: Source, options: PipelineOp
     for candidate in (base, other):
         paths = OutputPaths(candidate)
         if source.same_file(paths.recorded_source(options.formats)):
-            pages = read_pages(paths, options.formats)
+            pages = read_pages(paths, options.formats, source.sha256)
             if pages:
                 return paths, pages
     return None

@@ -275,9 +275,17 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     snap = snapshot_dir(ref.repo, revision, cache_dir)
     files = local_files(snap) if snap is not None else []
     gone = missing_files(snap) if snap is not None else []
-    if gone:  # half a pull left: said as such, not as a repo without an mmproj
-        raise ModelError(name, f"{', '.join(gone)} missing from the Hugging Face cache ({snap}: its file was "
-                               f"deleted): run `{pull}`")
+    if gone:  # the pair is chosen as if all were there: one of its files deleted is said as such
+        try:
+            chosen = pick_pair(files + gone, ref, name)
+        except ModelError:
+            chosen = ()
+        lost = [f for f in chosen if f in gone]
+        if lost:
+            quant = quant_of(chosen[0])  # the text file of the pair, fetched again as it was
+            again = f"pantheon-ocr models pull {ref.short or ref.repo}" + (f" --quant {quant}" if quant else "")
+            raise ModelError(name, f"{', '.join(lost)} missing from the Hugging Face cache ({snap}: its file was "
+                                   f"deleted): run `{again}`")
     if not files:
         raise ModelError(name, f"not pulled (nothing of {ref.repo} in the Hugging Face cache {hub_cache(cache_dir)}): "
                                f"run `{pull}`")

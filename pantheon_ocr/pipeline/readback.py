@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .naming import OutputPaths
+from .files import open_regular
+from .naming import HEADER_PREFIX, OutputPaths
 from .outputs import unescape_markers
 
 _MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
@@ -34,23 +35,36 @@ class KeptPage:
     seconds: dict = field(default_factory=dict)  # per stage, from the JSONL
 
 
-def read_pages(paths: OutputPaths, formats: Sequence[str]) -> dict[int, KeptPage]:
-    """page -> KeptPage for the intact pages of a document's outputs; {} when they cannot be
-    read or parsed (then every page is read again)."""
+MAX_OUTPUT_BYTES = 1 << 30  # a document's outputs larger than this are not read back (a planted file, say)
+
+
+def read_pages(paths: OutputPaths, formats: Sequence[str], sha256: str) -> dict[int, KeptPage]:
+    """page -> KeptPage for the intact pages of a document's outputs, if the file read back records
+    the input of sha256 `sha256` (a JSONL left by an earlier run over an older version, beside a
+    Markdown of this one, is not this document's); {} when it does not, or the file cannot be read
+    or parsed (then every page is read again). Opened as a regular file only (a FIFO planted at
+    the name would hang the run)."""
+    fmt = "jsonl" if "jsonl" in formats else "md" if "md" in formats else None
+    if fmt is None:
+        return {}
     try:
-        if "jsonl" in formats:
-            return from_jsonl(paths.file("jsonl").read_text(encoding="utf-8"))
-        if "md" in formats:
-            return from_markdown(paths.file("md").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass  # a damaged or hand-edited file: nothing is kept from it
-    return {}
+        with open_regular(paths.file(fmt)) as f:
+            data = f.read(MAX_OUTPUT_BYTES + 1)
+        if len(data) > MAX_OUTPUT_BYTES:
+            return {}
+        text = data.decode("utf-8")
+        return from_jsonl(text, sha256) if fmt == "jsonl" else from_markdown(text, sha256)
+    except Exception:  # noqa: BLE001 - a damaged or hand-edited file, whatever it holds: nothing is kept
+        return {}
 
 
-def from_jsonl(text: str) -> dict[int, KeptPage]:
+def from_jsonl(text: str, sha256: str | None = None) -> dict[int, KeptPage]:
+    """The intact pages of a JSONL; {} if any record names another input than sha256 `sha256`."""
     pages = {}
     for line in text.splitlines():
         rec = json.loads(line)
+        if sha256 is not None and rec.get("doc_sha256") != sha256:
+            return {}
         if rec.get("error") is None and rec.get("source", "model") == "model" and isinstance(rec.get("page"), int):
             seconds = rec.get("seconds")
             pages[rec["page"]] = KeptPage(str(rec.get("text", "")), int(rec.get("n_tokens") or 0), rec.get("finish_reason"),
@@ -58,7 +72,12 @@ def from_jsonl(text: str) -> dict[int, KeptPage]:
     return pages
 
 
-def from_markdown(text: str) -> dict[int, KeptPage]:
+def from_markdown(text: str, sha256: str | None = None) -> dict[int, KeptPage]:
+    """The intact pages of a Markdown; {} if its first line records another input than sha256."""
+    if sha256 is not None:
+        head = text.split("\n", 1)[0]
+        if not (head.startswith(HEADER_PREFIX) and json.loads(head[len(HEADER_PREFIX):-4]).get("sha256") == sha256):
+            return {}
     pages: dict[int, KeptPage] = {}
     current: tuple[int, str | None] | None = None
     lines: list[str] = []

@@ -182,7 +182,7 @@ class _Run:
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before
                     if self.write_outputs:  # the pages that did not fail stay as they were written
-                        kept[doc.doc_id] = read_pages(claim.paths, opts.formats)
+                        kept[doc.doc_id] = read_pages(claim.paths, opts.formats, claim.source.sha256)
         # Opening a PDF runs PDFium, so it happens in a worker too.
         counts = self.pool.imap(count_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
         for outcome in counts:

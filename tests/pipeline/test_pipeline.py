@@ -270,6 +270,36 @@ def test_a_failed_page_is_read_with_the_whole_document_when_its_outputs_cannot_b
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
 
 
+def test_pages_are_kept_only_from_outputs_of_this_very_file(tmp_path):
+    """A JSONL of an older version of the file, left beside this version's Markdown (the formats
+    changed between runs), gave its pages to the new version: they were kept under its record
+    and the document passed for done."""
+    a = tmp_path / "in" / "a.pdf"
+    write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path, formats=("md", "jsonl")))
+    write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=2)  # a new version, read to Markdown only, page 2 failing
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, formats=("md",)))
+    engine = FakeEngine()
+    again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, formats=("md", "jsonl")))
+    assert again.documents[0].note == "read again: page 2 failed last time" and again.pages_kept == 0
+    assert sorted(engine.prefills) == [(2, 1), (2, 2), (2, 3)]
+    assert md_body(tmp_path / "out" / "a.md") == md_expected([(2, 1), (2, 2), (2, 3)])
+
+
+def test_a_fifo_planted_at_an_output_s_name_does_not_hang_the_run(tmp_path):
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    out = dict(formats=("md", "jsonl"))
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, **out))
+    (tmp_path / "out" / "a.jsonl").unlink()
+    os.mkfifo(tmp_path / "out" / "a.jsonl")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(run_pipeline(expand_inputs([str(a)]), FakeEngine(),
+                                                                      options(tmp_path, **out))), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert done and done[0].pages_kept == 0  # nothing read back from it; the run went on
+
+
 def test_pages_newly_selected_are_read_beside_the_failed_ones(tmp_path):
     """`--pages 1-2` with page 2 failed, then every page: page 1 is kept, 2 and 3 are read."""
     a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)

@@ -343,11 +343,55 @@ def test_a_stopped_benchmark_reports_what_finished_and_exits_130(tmp_path, capsy
     assert only["config"]["batch_size"] == 1 and only["summary"]["pages"] == 1
 
 
+def test_a_stop_the_pipeline_took_in_process_ends_the_benchmark(tmp_path, capsys, monkeypatch):
+    """In-process the pipeline takes the Ctrl-C and returns a summary marked interrupted: the
+    benchmark went on to the next configuration and exited 0, the stopped one's partial row
+    passing for complete."""
+    from pantheon_ocr.bench import isolation
+
+    real = isolation.run_isolated
+
+    def stopped_in_the_second(func, kwargs, threads=None, isolate=True):
+        r = real(func, kwargs, threads, isolate=False)
+        r["summary"]["interrupted"] = kwargs["config"]["batch_size"] == 2
+        return r
+
+    monkeypatch.setattr(isolation, "run_isolated", stopped_in_the_second)
+    code = main([*PAGES, str(GOOD), "--batch-size", "1,2,4", "--in-process", "--json", str(tmp_path / "b.json")])
+    assert code == ExitCode.INTERRUPTED
+    assert "interrupted: 1 of 3 configurations finished" in capsys.readouterr().err
+    assert [r["config"]["batch_size"] for r in json.loads((tmp_path / "b.json").read_text())] == [1]
+
+
+def test_a_configuration_that_died_is_not_run_again_and_stays_failed(tmp_path, capsys, monkeypatch):
+    """--repeats 2: a configuration killed in the first round ran again (inviting the OOM killer
+    again) and, coming through the second time, was reported as a whole median, exit 0."""
+    from pantheon_ocr.bench import isolation
+    from pantheon_ocr.bench.isolation import ChildFailed
+
+    real, calls = isolation.run_isolated, []
+
+    def killed_once(func, kwargs, threads=None, isolate=True):
+        calls.append(kwargs["config"]["batch_size"])
+        if kwargs["config"]["batch_size"] == 2 and calls.count(2) == 1:
+            raise ChildFailed("killed by SIGKILL (out of memory? `dmesg` says)", True)
+        return real(func, kwargs, threads, isolate=False)
+
+    monkeypatch.setattr(isolation, "run_isolated", killed_once)
+    code = main([*PAGES, str(GOOD), "--batch-size", "1,2", "--repeats", "2", "--json", str(tmp_path / "b.json")])
+    assert code == ExitCode.PAGES_FAILED and calls == [1, 2, 1]
+    first, second = json.loads((tmp_path / "b.json").read_text())
+    assert first["summary"]["runs_wall_s"] and second["error"].startswith("killed by SIGKILL")
+    assert capsys.readouterr().err.count("failed: killed by SIGKILL") == 1  # its row, printed once
+
+
 def test_a_killed_benchmark_child_is_said_and_leaves_no_temp_files(tmp_path, monkeypatch):
     from pantheon_ocr.bench.isolation import ChildFailed, run_isolated
 
+    import tempfile
+
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the parent makes the child's scratch folder
     with pytest.raises(ChildFailed, match=r"^killed by SIGKILL \(out of memory\? `dmesg` says\)$") as caught:
         run_isolated("fake_engine:die_leaving_a_temp_file", {"signal": 9})
     assert caught.value.exit_code == ExitCode.OUT_OF_RESOURCES

@@ -188,17 +188,17 @@ def job_status(spec) -> dict:
     try:
         out.update(state.counts())
         out["not_in_last_run"] = state.not_in_last_run()
-        for r in state.recent_runs(5):
-            run = {k: path_text(r[k]) if k.startswith("report_") and r[k] else r[k] for k in r.keys() if k != "summary"}
-            # a killed run wrote no summary: its totals come from the pages it recorded
-            run["totals"] = _run_totals(r["summary"]) if r["summary"] else _recorded_totals(state, r)
-            out["runs"].append(run)
         lock = state.read_lock()
         if lock is not None:
             out["running"] = {**lock.__dict__, "stale": lock_is_stale(lock, spec.lock.stale_after)}
-        for run in out["runs"]:  # a run still "running" without a live lock was killed: the next run records it so
+        for r in state.recent_runs(5):
+            run = {k: path_text(r[k]) if k.startswith("report_") and r[k] else r[k] for k in r.keys() if k != "summary"}
+            # a run still "running" without a live lock was killed: the next run records it so
             if run["status"] == "running" and (lock is None or lock.run != run["id"] or out["running"]["stale"]):
                 run["status"] = "killed"
+            # a killed run wrote no summary: its totals come from the pages it recorded
+            run["totals"] = _run_totals(r["summary"]) if r["summary"] else _recorded_totals(state, run)
+            out["runs"].append(run)
         out["failures"] = [{**f, "path": path_text(f["path"])} for f in state.final_failures()]
         # input paths that are no document have no row in the state: the last run's report says them
         out["failures"] += _input_path_failures(state.run_summary(None))
@@ -244,12 +244,12 @@ def killed_run_said(state: JobState, run: int) -> str:
     """`: run 7 ended without a report, after 120 pages (3 failed); they stay done`: what a run that
     was killed (its lock found stale) had recorded, which no report counts; "" if nothing."""
     work = state.run_work(run)
-    pages = sum(n for k, n in work.items() if k != "tokens")
+    pages = work["done"] + work["failed"]
     if not pages:
         return ""
-    failed = [f"{work[k]:,} {'failed' if k == 'failed' else 'to be retried'}" for k in ("failed", "retry") if work.get(k)]
-    return (f"; run {run} ended without a report, after {_count(pages, 'page')}" + (f" ({', '.join(failed)})" if failed else "")
-            + ": recorded, not read again, and counted in no report")
+    return (f"; run {run} ended without a report, after {_count(pages, 'page')}"
+            + (f" ({work['failed']:,} failed)" if work["failed"] else "") + ": recorded, not read again, and counted "
+            "in no report")
 
 
 def _input_path_failures(last: tuple[int, str | None] | None) -> list[dict]:
@@ -261,9 +261,13 @@ def _input_path_failures(last: tuple[int, str | None] | None) -> list[dict]:
         return []
 
 
-def _recorded_totals(state: JobState, run) -> dict:
+def _recorded_totals(state: JobState, run: dict) -> dict:
+    """A run without a summary: its totals from the attempts it recorded; a killed one ends at
+    the last of them (`finished` set so: its time must not grow with the clock)."""
     work = state.run_work(run["id"])
-    pages = sum(n for k, n in work.items() if k != "tokens")
+    if run["status"] == "killed" and not run["finished"]:
+        run["finished"] = work["last"] or run["started"]
+    pages = work["done"] + work["failed"]
     return {"pages": pages, "tokens": work["tokens"], "seconds": (run["finished"] or time.time()) - run["started"]} if pages else {}
 
 

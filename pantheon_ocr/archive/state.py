@@ -309,12 +309,17 @@ class JobState(MetaMixin):
         row = self.db.execute(sql, (run_id,) if run_id is not None else ()).fetchone()
         return None if row is None else (row["id"], row["summary"])
 
-    def run_work(self, run: int) -> dict[str, int]:
-        """What run `run` recorded page by page, for a run killed before its summary: attempts by
-        outcome (done, retry, failed) and the tokens of those."""
-        rows = self.db.execute("SELECT outcome, count(*), coalesce(sum(n_tokens), 0) FROM attempts WHERE run=? "
-                               "GROUP BY outcome", (run,)).fetchall()
-        return {outcome: n for outcome, n, _ in rows} | {"tokens": sum(t for _, _, t in rows)}
+    def run_work(self, run: int) -> dict[str, float]:
+        """What run `run` recorded page by page, for a run killed before its summary: the pages it
+        finished ("done", "failed" for good: a page retried counts once, by its last outcome; one
+        left to retry is not finished), the tokens of all its attempts, and when it recorded the
+        last ("last", 0.0 if nothing)."""
+        done, failed = (self.db.execute(
+            "SELECT count(DISTINCT doc || '/' || page) FROM attempts WHERE run=? AND outcome=?", (run, o)).fetchone()[0]
+            for o in ("done", "failed"))
+        tokens, last = self.db.execute("SELECT coalesce(sum(n_tokens), 0), coalesce(max(finished_at), 0) FROM attempts "
+                                       "WHERE run=?", (run,)).fetchone()
+        return {"done": done, "failed": failed, "tokens": tokens, "last": last}
 
     def recent_runs(self, n: int) -> list[sqlite3.Row]:
         return self.db.execute("SELECT id, started, finished, host, pid, executor, status, exit_code, summary, report_html "

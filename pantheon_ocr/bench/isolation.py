@@ -89,19 +89,35 @@ def _why(proc: subprocess.CompletedProcess) -> str:
 def _run_child(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """subprocess.run, but stopped as this process is: the child runs in a session of its own
     (Ctrl-C at the terminal reaches this process only) and a Ctrl-C or SIGTERM here is passed on
-    as one SIGINT, so it stops its run and removes its temp files; killed if it takes over 10 s."""
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          env={**os.environ, **env}) as child:
+    as one SIGINT, so it stops its run and removes its temp files; killed if it takes over 10 s or
+    a second Ctrl-C comes. On Linux it gets SIGINT too when this process dies any other way (a
+    SIGKILL, a hang-up), so that it never runs on alone."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env={**os.environ, **env}, preexec_fn=_stop_with_parent)
+    try:
+        out, err = child.communicate()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
         try:
-            out, err = child.communicate()
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            raise
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if child.poll() is None:  # a second Ctrl-C, or the wait ran out: it goes now, before its folder does
+            child.kill()
+            child.wait()
+        for stream in (child.stdout, child.stderr):
+            stream.close()
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+def _stop_with_parent() -> None:
+    """In the child, before it runs: SIGINT when its parent dies (Linux's PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGINT))  # 1: PR_SET_PDEATHSIG
 
 
 def _call(func: str, kwargs: dict[str, Any]) -> dict:

@@ -15,8 +15,9 @@ Result shape (JSON, one entry per configuration; the archive HTML report can sho
                   "mean_page_s": {...}, "load_s", "peak_rss_mb", "load_avg_before",
                   "load_avg_after"}}, ...]
 
-A configuration whose process died (the OOM killer) or crashed has `"error"` (why), no pages and
-summary None; the others still run. Ctrl-C or SIGTERM stops the benchmark: bench_pages raises
+A configuration whose process died (the OOM killer) or crashed, or that cannot run here (a typed
+error), in any of its runs has `"error"` (why), no pages and summary None, and is not run again;
+the others still run. Ctrl-C or SIGTERM stops the benchmark: bench_pages raises
 BenchInterrupted with the configurations that finished before it (the one under way has none).
 
 Per-page seconds are as the pipeline records them: render in a worker process, vision on the
@@ -42,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import path_text
+from ..errors import PantheonError, path_text
 from ..options import OVERLAP_WORDS, EngineOptions, PipelineOptions, SamplingOptions, spec
 from ..pipeline.types import STAGES, PageEngine
 
@@ -293,17 +294,19 @@ def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool
     each reports its run with the median wall time (the lower middle one for an even count);
     summary.runs_wall_s lists every run. A configuration whose every run died is reported with
     its "error" (module docstring)."""
-    from .isolation import ChildFailed, run_isolated
+    from .isolation import run_isolated
 
     runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
-    died: dict[int, ChildFailed] = {}
+    died: dict[int, PantheonError] = {}
     try:
         for _ in range(repeats):
             for i, c in enumerate(configs):
+                if i in died:  # run once more, an OOM kill would only come again, and may take another process
+                    continue
                 try:
                     r = run_isolated("pantheon_ocr.bench.pages:run_config", {"opts": asdict(opts), "config": asdict(c)},
                                      threads=c.threads, isolate=isolate)
-                except ChildFailed as e:  # its process died: the other configurations still run
+                except PantheonError as e:  # its process died, or it cannot run here: the others still run
                     died[i] = e
                     if on_result:
                         on_result(_failed(opts, c, e))
@@ -329,12 +332,14 @@ def _failed(o: PageBenchOptions, c: PageConfig, e) -> dict:
 
 
 def _picked(o: PageBenchOptions, configs: list[PageConfig], runs: dict[int, list[dict]], died: dict) -> list[dict]:
-    """Per configuration that ran: its median run, or its failure if no run came through."""
+    """Per configuration that ran: its median run, or its failure if any run of it failed (figures
+    over fewer runs than asked for would pass for the median of all)."""
     results = []
     for i, c in enumerate(configs):
+        if i in died:
+            results.append(_failed(o, c, died[i]))
+            continue
         if not runs[i]:
-            if i in died:
-                results.append(_failed(o, c, died[i]))
             continue
         done = sorted(runs[i], key=lambda r: r["summary"]["wall_s"])
         pick = done[(len(done) - 1) // 2]

@@ -14,6 +14,7 @@ combination runs, one process each, so each has its own peak RSS and BLAS thread
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -369,7 +370,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
         vision_dtype=_choices(vision_dtypes, "--vision-dtype", VISION_DTYPES),
         gpu_prefill=_on_off(gpu_prefill, "--gpu-prefill"), gpu_decode=_on_off(gpu_decode, "--gpu-decode"),
     )
-    if pages_per_config not in ("all", "auto") and not pages_per_config.strip().isdigit() or pages_per_config.strip() == "0":
+    if pages_per_config not in ("all", "auto") and not re.fullmatch(r"[1-9][0-9]*", pages_per_config.strip()):
         raise UsageError(f"--pages-per-config: 'all', 'auto' or one whole number of pages from 1, got {pages_per_config!r}")
     _check_json(json_path)
     _model_file(str(text_path), "model")

@@ -48,9 +48,16 @@ def _clock(seconds: float) -> str:
 
 
 def _left(p) -> str:
-    """The time left at the pace of the pages so far, planning left out (hashing a big folder is no
-    page's time): rough while the first pages run, steady after."""
-    return _clock((p.elapsed - p.reading_since) / p.pages_done * (p.pages_total - p.pages_done))
+    """The time left at the pace of the pages read so far, planning and the pages it did (from the
+    text layer) left out (hashing a big folder is no page's time): rough while the first pages run,
+    steady after."""
+    read = p.pages_done - p.done_before_reading  # callers ask once a page was read (_paced)
+    return _clock((p.elapsed - p.reading_since) / read * (p.pages_total - p.pages_done))
+
+
+def _paced(p) -> bool:
+    """Whether a time left can be said: a page was read since planning, and pages are left."""
+    return p.done_before_reading < p.pages_done < p.pages_total
 
 
 class LiveLine(ProgressDisplay):
@@ -66,7 +73,7 @@ class LiveLine(ProgressDisplay):
         rate = p.tokens / p.elapsed if p.elapsed > 0 else 0.0
         # what matters first (pages, failures, speed, time), then where the pages are: on a narrow
         # terminal the stages go, not the clock
-        left = f" · ~{_left(p)} left" if 0 < p.pages_done < p.pages_total else ""
+        left = f" · ~{_left(p)} left" if _paced(p) else ""
         head = (f"pages {p.pages_done}/{p.pages_total}" + (f" · {p.pages_failed} failed" if p.pages_failed else "")
                 + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}" + left)
         stages = (f" [docs {p.docs_done}/{p.docs_total} · render {p.rendered} · vision {p.encoded} · "
@@ -104,7 +111,7 @@ class DocumentLines(ProgressDisplay):
             # a long document says nothing until it is done: the log shows the run is alive
             self.stream.write(f"... pages {p.pages_done}/{p.pages_total}"
                               + (f", {p.pages_failed} failed" if p.pages_failed else "") + f", {_clock(p.elapsed)}"
-                              + (f", ~{_left(p)} left" if p.pages_done else "") + "\n")
+                              + (f", ~{_left(p)} left" if _paced(p) else "") + "\n")
             self.last = now
         else:
             return

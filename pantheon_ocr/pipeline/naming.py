@@ -67,7 +67,7 @@ class Source:
     pages: str | None = None  # after these: callers build Source(path, sha256) positionally (archive/rebuild.py)
     # The pages that failed (text-layer stand-ins included, not the input's own damage) when the
     # outputs were written, in page_selection's form ("2-5,9"): such outputs are no document's
-    # last word, and the next run reads the document again.
+    # last word, and the next run reads those pages again.
     failed: str | None = None
 
     def header(self) -> str:
@@ -306,7 +306,7 @@ class Claim:
     source: Source | None  # None when the input could not be read (`error` says why)
     done: bool  # its outputs exist, complete, from this very file and page selection: skip unless overwriting
     error: str | None = None
-    failed_before: str | None = None  # pages its outputs of this very file record as failed: read again
+    failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
@@ -316,7 +316,8 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
     page selection `pages` (PipelineOptions.pages; None: every page) can make a document done.
     A document whose outputs record its path, size and mtime is done without reading it; any
     other is hashed (the record its outputs will carry) and is done only if the recorded sha256
-    matches. A document whose outputs record failed pages is never done: it is read again."""
+    matches. A document whose outputs record failed pages is never done: those pages are read again
+    (pipeline/run.py keeps the others, readback.py)."""
     wanted = page_selection(pages)
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()

@@ -62,6 +62,7 @@ class _DocState:
     stamp: tuple | None = None  # the file as planned (file_stamp): a change while reading fails the document
     changed: str | None = None  # how it changed, once seen
     note: str = ""  # said with its outcome: selected pages it does not have
+    kept: int = 0  # of results: pages kept from its outputs (readback.py), counted once they are written again
 
 
 def run_pipeline(
@@ -123,9 +124,10 @@ class _Run:
         self.states: dict[str, _DocState] = {}
         self.tasks: list[PageTask] = []
         self.pages_done = self.pages_failed = self.tokens = self.pages_cut = self.pages_from_text_layer = 0
-        self.pages_kept = 0  # pages of documents read again that their outputs kept (readback.py)
+        self.pages_kept = 0  # pages kept from the outputs of documents written again (readback.py)
         self.t0 = self.last_progress = time.perf_counter()
         self.reading_since = 0.0  # seconds from t0 to the end of planning: the time left is paced from there
+        self.done_before_reading = 0  # pages done by then (from the text layer), not paced
         self.reported: set[str] = set()  # documents whose outcome a Progress has carried
 
     def execute(self) -> RunSummary:
@@ -133,7 +135,7 @@ class _Run:
         try:
             self._plan()
             ocr_tasks = self._prefer_text_layers() if self.options.text_layer == "prefer" else self.tasks
-            self.reading_since = time.perf_counter() - self.t0
+            self.reading_since, self.done_before_reading = time.perf_counter() - self.t0, self.pages_done
             self._progress()
             if ocr_tasks:
                 self.stages = Stages(self.engine, self.options, self.pool, self.render_fn, self.edge, ocr_tasks, self.stop)
@@ -201,12 +203,13 @@ class _Run:
             keep = {i + 1: kept[doc.doc_id][i + 1] for i in pages if i + 1 in kept.get(doc.doc_id, {})}  # by 1-based page
             again_note = ""
             if doc.doc_id in again:  # only the pages not kept are read: the whole document when none are
-                said = _pages_said(again[doc.doc_id])
-                again_note = (f"{said} failed last time: read again, {len(keep)} page{'s' * (len(keep) != 1)} kept "
-                              "from the outputs" if keep else f"read again: {said} failed last time")
-                self.pages_kept += len(keep)
+                said, n = _pages_said(again[doc.doc_id]), len(keep)
+                kept_said = f"{n} page{'s' * (n != 1)} kept from the outputs"
+                again_note = (f"{said} failed last time: read again, {kept_said}" if keep and len(keep) < len(pages)
+                              else f"{said} failed last time and is not selected now: {kept_said}" if keep
+                              else f"read again: {said} failed last time")
             state = self.states[doc.doc_id] = _DocState(
-                doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc),
+                doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
                 note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages)))))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages if i + 1 not in keep]
@@ -310,6 +313,7 @@ class _Run:
                                                         note=state.note)
             return
         status = "partial" if failures else "written"
+        self.pages_kept += state.kept
         self.outcomes[doc.doc_id] = DocumentOutcome(doc, status, tuple(written), len(results), failures, state.note)
 
     def _progress(self) -> None:
@@ -329,6 +333,7 @@ class _Run:
                 docs_total=len(self.documents),
                 elapsed=time.perf_counter() - self.t0,
                 reading_since=self.reading_since,
+                done_before_reading=self.done_before_reading,
                 rendered=counts.get("rendered", 0),
                 encoded=counts.get("encoded", 0),
                 prefilled=counts.get("prefilled", 0),

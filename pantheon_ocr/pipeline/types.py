@@ -173,6 +173,7 @@ class Progress:
     decoding: int = 0  # pages decoding now
     finished: tuple = ()  # DocumentOutcomes finished since the previous Progress
     reading_since: float = 0.0  # of elapsed: when planning ended (files hashed, pages counted) and pages began
+    done_before_reading: int = 0  # of pages_done: those done by then (--text-layer prefer's), no part of the pace
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class RunSummary:
     pages_cut: int = 0  # pages (or a line of them) that stopped at max_tokens: their text is cut short
     pages_failed: int = 0  # of pages_done: failed in the pipeline (before any text layer stood in)
     pages_from_text_layer: int = 0  # of pages_done: kept from the PDF's text layer (--text-layer prefer)
-    pages_kept: int = 0  # not in pages_done: pages of documents read again for their failed pages, kept as written
+    pages_kept: int = 0  # not in pages_done: pages of documents written again for their failed pages, kept as they were
 
     @property
     def failed_pages(self) -> list[PageFailure]:

@@ -100,6 +100,8 @@ def test_kill_9_then_resume(tmp_path, kill):
     if recorded:  # the pages the killed run recorded are in no report: `status` and the takeover say them
         status = run_cli(["archive", "status", str(job)])
         assert f"run 1: " in status.stdout and f" killed, {recorded} page{'s' * (recorded > 1)}, " in status.stdout
+        (killed,) = json.loads(run_cli(["archive", "status", str(job), "--json"]).stdout)["runs"]
+        assert killed["finished"] is not None  # its time ends at its last page, never grows with the clock
     r = archive_run(job)
     assert r.returncode == 0, r.stderr
     assert "took over a stale lock" in r.stderr

@@ -308,6 +308,12 @@ def test_pages_newly_selected_are_read_beside_the_failed_ones(tmp_path):
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path))
     assert sorted(engine.prefills) == [(1, 2), (1, 3)] and again.pages_kept == 1
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
+    # page 1 failed, then only page 2 asked for: nothing read, and said so
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 1), options(tmp_path, overwrite=True))
+    engine = FakeEngine()
+    third = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, pages="2"))
+    assert engine.prefills == [] and third.documents[0].status == "written"
+    assert third.documents[0].note == "page 1 failed last time and is not selected now: 1 page kept from the outputs"
 
 
 def test_a_page_damaged_in_the_file_is_not_read_again_and_again(tmp_path):

@@ -104,6 +104,12 @@ def test_a_live_line_cut_short_ends_before_what_follows():
     paced = io.StringIO()  # planning took 10 of the 12 s (a big folder hashed): 3 pages in 2 s, 7 to go
     LiveLine(paced)(Progress(3, 10, 0, 300, 1, 4, 12.0, reading_since=10.0))
     assert "· 0:12 · ~0:04 left" in paced.getvalue()
+    prefer = io.StringIO()  # 600 pages from the text layer in 10 s, then one read in 2 s: 99 to go
+    LiveLine(prefer)(Progress(601, 700, 0, 300, 1, 4, 12.0, reading_since=10.0, done_before_reading=600))
+    assert "~3:18 left" in prefer.getvalue()
+    only_text_layer = io.StringIO()
+    LiveLine(only_text_layer)(Progress(600, 700, 0, 0, 1, 4, 10.0, reading_since=10.0, done_before_reading=600))
+    assert "left" not in only_text_layer.getvalue()
     lines = io.StringIO()
     DocumentLines(lines).end()
     assert lines.getvalue() == ""

@@ -180,11 +180,12 @@ def test_a_block_read_as_noise_is_left_out_and_a_lone_line_never():
     low, high = NOISE_LOGPROB * 1.2, NOISE_LOGPROB * 0.8
     blocks = [(0, ["Title", ], low * 3), (1, ["a b c", "d e f", "g h i"], high), (2, ["#~", "*.", "|-", "%"], low),
               (3, ["tail one", "tail two"], low), (4, ["Tbe scan", "rcad badly", "stil1 words"], low * 2),
-              (5, ["| 1 |", "| 2 |", "| 3 |"], high)]
+              (5, ["| 1 |", "| 2 |", "| 3 |"], high), (6, ["~#|"], low * 3), (7, ["*.", "|-"], low * 3)]
     regions, seqs = [], []
     for block, texts, lp in blocks:
         for row, t in enumerate(texts):
             regions.append(Region((0, 0, 10, 10), block, row))
             seqs.append([Scored(t, lp)])
     assert RegionGroup(regions, seqs).text() == ("Title\n\na b c\nd e f\ng h i\n\ntail one\ntail two\n\n"
-                                                 "Tbe scan\nrcad badly\nstil1 words\n\n| 1 |\n| 2 |\n| 3 |")
+                                                 "Tbe scan\nrcad badly\nstil1 words\n\n| 1 |\n| 2 |\n| 3 |\n\n"
+                                                 "~#|\n\n*.\n|-")

@@ -9,6 +9,7 @@ A page is finished when all its regions are; a blank page has no regions and rea
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,6 +24,8 @@ from .types import PageEngine, Seq
 # Sequences whose prompt chunk goes into one prefill forward: a page of line pieces (often 50-150
 # short prompts) joins in a few steps, each short enough that the pages already decoding do not
 # wait long for their next token.
+log = logging.getLogger(__name__)
+
 PREFILL_GROUP = 64
 # A block of at least this many lines, read at a mean log-probability below this a token, and
 # with fewer letters than this share of its characters, is a picture's texture (RegionGroup._noise).
@@ -110,6 +113,8 @@ class RegionGroup:
             letters = sum(c.isalpha() for c in chars) / max(1, len(chars))
             if sum(s.logprob for s in seqs) / tokens < NOISE_LOGPROB and letters < NOISE_LETTERS:
                 noise.update(members)
+                log.debug("a block of %d lines read as a picture's noise is left out: %r", len(members),
+                          " | ".join(texts[i] for i in members)[:120])  # -v shows what went
         return noise
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ def list_(known) -> None:
         for name, v in KNOWN.items():
             click.echo(f"{name:20} {v.repo:45} {v.about}")
         return
-    from ..modelfiles.catalog import hub_cache, is_mmproj, quant_of
+    from ..modelfiles.catalog import hub_cache, pull_command, quant_of
     from ..modelfiles.hub import local_models
     from ..modelfiles.resolve import bundled_reader
 
@@ -94,10 +94,8 @@ def list_(known) -> None:
                    f"{total / 1e6:,.1f} MB)")
         for f in m.files:
             _file_line("mmproj" if f.mmproj else "text  ", f.quant or "?", f.size, f.path)
-        for gone in m.missing:  # a text file is fetched again by its quantization, an mmproj with any pull
-            quant = None if is_mmproj(gone) else quant_of(gone)
-            click.echo(f"  deleted from the cache: {path_text(gone)}; `pantheon-ocr models pull {m.name}"
-                       + (f" --quant {quant}" if quant else "") + "` fetches it again")
+        for gone in m.missing:
+            click.echo(f"  deleted from the cache: {path_text(gone)}; `{pull_command(m.name, file=gone)}` fetches it again")
 
 
 def _file_line(kind: str, quant: str, size: int, path) -> None:

@@ -36,14 +36,12 @@ def shown(exc) -> str:
     if isinstance(exc, OptionError) and exc.option:
         return exc.named(flag_name(exc.option))
     if isinstance(exc, ModelError) and "models pull" not in str(exc):
-        from ..modelfiles.catalog import cached_repo, is_mmproj, quant_of
+        from ..modelfiles.catalog import cached_repo, pull_command
 
         repo = cached_repo(exc.path) if exc.path else None
         if repo:  # a pulled file that does not load: the cache's copy is damaged, a pull of it mends it
-            name = Path(exc.path).name
-            quant = None if is_mmproj(name) else quant_of(name)
-            return (f"{exc}; the Hugging Face cache's copy is damaged: `pantheon-ocr models pull {repo}"
-                    + (f" --quant {quant}" if quant else "") + "` fetches it again")
+            return (f"{exc}; the Hugging Face cache's copy is damaged: `{pull_command(repo, file=Path(exc.path).name)}` "
+                    "fetches it again")
     return str(exc)
 
 

@@ -216,23 +216,31 @@ def snapshot_dir(repo: str, revision: str | None = None, cache_dir: str | os.Pat
 def local_files(snapshot: Path) -> list[str]:
     """GGUF files of a snapshot whose data is there (a link to a missing blob does not count), as
     paths relative to it (`gguf/model.gguf` for a repo that keeps its pair in a folder)."""
-    found = []
-    for folder, dirs, files in os.walk(snapshot):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        rel = Path(folder).relative_to(snapshot)
-        found += [(rel / f).as_posix() for f in files if f.lower().endswith(".gguf") and (Path(folder) / f).is_file()]
-    return sorted(found)
+    return [rel for rel, path in _snapshot_ggufs(snapshot) if path.is_file()]
 
 
 def missing_files(snapshot: Path) -> list[str]:
     """GGUF files of a snapshot whose blob is gone (a dangling link: the cache cleaned by hand, a
     blob deleted), as local_files names them."""
-    gone = []
+    return [rel for rel, path in _snapshot_ggufs(snapshot) if not path.exists()]
+
+
+def _snapshot_ggufs(snapshot: Path) -> list[tuple[str, Path]]:
+    """(name relative to the snapshot, path) of every GGUF name in it, hidden folders left out, sorted."""
+    found = []
     for folder, dirs, files in os.walk(snapshot):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         rel = Path(folder).relative_to(snapshot)
-        gone += [(rel / f).as_posix() for f in files if f.lower().endswith(".gguf") and not (Path(folder) / f).exists()]
-    return sorted(gone)
+        found += [((rel / f).as_posix(), Path(folder) / f) for f in files if f.lower().endswith(".gguf")]
+    return sorted(found)
+
+
+def pull_command(name: str, quant: str | None = None, file: str | None = None) -> str:
+    """`pantheon-ocr models pull NAME [--quant Q]`: with `file`, the pull that fetches that file
+    again (a text GGUF by its quantization, an mmproj with any pull)."""
+    if quant is None and file is not None and not is_mmproj(file):
+        quant = quant_of(file)
+    return f"pantheon-ocr models pull {name}" + (f" --quant {quant}" if quant else "")
 
 
 def cached_repo(path: str | os.PathLike) -> str | None:
@@ -271,7 +279,7 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     ref = parse_name(name)
     if ref is None:
         raise UsageError(f"{name}: not a model name (a short name such as lightonocr-2, or owner/repo)")
-    pull = f"pantheon-ocr models pull {ref.short or ref.repo}" + (f" --quant {ref.quant}" if ref.quant else "")
+    pull = pull_command(ref.short or ref.repo, ref.quant)
     snap = snapshot_dir(ref.repo, revision, cache_dir)
     files = local_files(snap) if snap is not None else []
     gone = missing_files(snap) if snap is not None else []
@@ -281,11 +289,9 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
         except ModelError:
             chosen = ()
         lost = [f for f in chosen if f in gone]
-        if lost:
-            quant = quant_of(chosen[0])  # the text file of the pair, fetched again as it was
-            again = f"pantheon-ocr models pull {ref.short or ref.repo}" + (f" --quant {quant}" if quant else "")
+        if lost:  # the pair's text file is fetched again as it was, by its quantization
             raise ModelError(name, f"{', '.join(lost)} missing from the Hugging Face cache ({snap}: its file was "
-                                   f"deleted): run `{again}`")
+                                   f"deleted): run `{pull_command(ref.short or ref.repo, file=chosen[0])}`")
     if not files:
         raise ModelError(name, f"not pulled (nothing of {ref.repo} in the Hugging Face cache {hub_cache(cache_dir)}): "
                                f"run `{pull}`")
@@ -296,5 +302,5 @@ def local_pair(name: str, cache_dir: str | os.PathLike | None = None, revision: 
     return snap / text, snap / mmproj
 
 
-__all__ = ["KNOWN", "ModelRef", "Variant", "cached_repo", "is_digest", "local_pair", "missing_files", "parse_name", "pick_pair", "quant_of",
-           "safe_repo_path", "safe_revision"]
+__all__ = ["KNOWN", "ModelRef", "Variant", "cached_repo", "is_digest", "local_pair", "missing_files", "parse_name",
+           "pick_pair", "pull_command", "quant_of", "safe_repo_path", "safe_revision"]

@@ -241,8 +241,9 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
 
 
 def killed_run_said(state: JobState, run: int) -> str:
-    """`: run 7 ended without a report, after 120 pages (3 failed); they stay done`: what a run that
-    was killed (its lock found stale) had recorded, which no report counts; "" if nothing."""
+    """`; run 7 ended without a report, after 120 pages (3 failed): recorded, not read again, and
+    counted in no report`: what a run that was killed (its lock found stale) had recorded, which no
+    report counts; "" if nothing."""
     work = state.run_work(run)
     pages = work["done"] + work["failed"]
     if not pages:

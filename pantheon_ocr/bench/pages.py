@@ -292,8 +292,8 @@ def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool
     """Run every configuration (each in its own process unless isolate=False). With repeats > 1
     the configurations take turns (round robin, so a change of machine load hits them alike) and
     each reports its run with the median wall time (the lower middle one for an even count);
-    summary.runs_wall_s lists every run. A configuration whose every run died is reported with
-    its "error" (module docstring)."""
+    summary.runs_wall_s lists every run. A configuration whose run died is not run again and is
+    reported with its "error" (module docstring)."""
     from .isolation import run_isolated
 
     runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
@@ -301,7 +301,7 @@ def bench_pages(opts: PageBenchOptions, configs: list[PageConfig], isolate: bool
     try:
         for _ in range(repeats):
             for i, c in enumerate(configs):
-                if i in died:  # run once more, an OOM kill would only come again, and may take another process
+                if i in died:  # run again, an OOM kill would only come again, and may take another process
                     continue
                 try:
                     r = run_isolated("pantheon_ocr.bench.pages:run_config", {"opts": asdict(opts), "config": asdict(c)},
@@ -402,5 +402,5 @@ def failure_lines(results: list[dict]) -> list[str]:
     return lines + died
 
 
-__all__ = ["BenchInterrupted", "PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs", "failure_lines",
-           "format_table", "run_config"]
+__all__ = ["BenchInterrupted", "PageBenchOptions", "PageConfig", "TimedEngine", "bench_pages", "expand_configs",
+           "failure_lines", "format_table", "run_config"]

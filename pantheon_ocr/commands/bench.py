@@ -198,7 +198,6 @@ def ocr(model, mmproj, stage, weights, vision_backends, device, vision_dtypes, f
     from ..bench.isolation import cpu_info, run_isolated
     from ..engine.backends import BACKENDS
     from ..engine.loader import plan_auto
-
     from ..modelfiles.resolve import resolve_model
 
     stages = _choices(stage, "--stage", ("vision", "prefill"))

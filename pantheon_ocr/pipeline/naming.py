@@ -171,8 +171,8 @@ class OutputPaths:
             if "md" in formats and (self.file("md").exists() or "jsonl" not in formats):
                 with open_regular(self.file("md")) as f:
                     line = f.readline(65536).decode("utf-8", "replace").rstrip("\n")
-                if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):
-                    rec = json.loads(line[len(HEADER_PREFIX):-4])
+                rec = header_record(line)
+                if rec is not None:
                     return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
                                   rec.get("pages"), _failed(rec.get("failed")))
             elif "jsonl" in formats:
@@ -183,6 +183,14 @@ class OutputPaths:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
+
+
+def header_record(line: str) -> dict | None:
+    """The record a Markdown output's first line holds (Source.header), or None if the line is no
+    such header. ValueError if it is one whose JSON does not parse."""
+    if line.startswith(HEADER_PREFIX) and line.endswith(" -->"):
+        return json.loads(line[len(HEADER_PREFIX):-4])
+    return None
 
 
 def output_stem(doc: Document) -> PurePath:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .files import open_regular
-from .naming import HEADER_PREFIX, OutputPaths
+from .naming import IMAGES_SUFFIX, OutputPaths, header_record
 from .outputs import unescape_markers
 
 _MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
-_CROP_LINK = re.compile(r"!\[image\]\([^)\n]*_images/p\d+_\d+\.png\)")
+_CROP_LINK = re.compile(r"!\[image\]\([^)\n]*" + re.escape(IMAGES_SUFFIX) + r"/p\d+_\d+\.png\)")  # figures.linked_text's
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,8 @@ def from_jsonl(text: str, sha256: str | None = None) -> dict[int, KeptPage]:
 
 def from_markdown(text: str, sha256: str | None = None) -> dict[int, KeptPage]:
     """The intact pages of a Markdown; {} if its first line records another input than sha256."""
-    if sha256 is not None:
-        head = text.split("\n", 1)[0]
-        if not (head.startswith(HEADER_PREFIX) and json.loads(head[len(HEADER_PREFIX):-4]).get("sha256") == sha256):
-            return {}
+    if sha256 is not None and (header_record(text.split("\n", 1)[0]) or {}).get("sha256") != sha256:
+        return {}
     pages: dict[int, KeptPage] = {}
     current: tuple[int, str | None] | None = None
     lines: list[str] = []

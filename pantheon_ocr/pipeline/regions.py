@@ -21,11 +21,11 @@ from ..options import SEGMENT_MODES, SamplingOptions
 from .segment import Region, block_image, blocks, line_images, segment
 from .types import PageEngine, Seq
 
+log = logging.getLogger(__name__)
+
 # Sequences whose prompt chunk goes into one prefill forward: a page of line pieces (often 50-150
 # short prompts) joins in a few steps, each short enough that the pages already decoding do not
 # wait long for their next token.
-log = logging.getLogger(__name__)
-
 PREFILL_GROUP = 64
 # A block of at least this many lines, read at a mean log-probability below this a token, and
 # with fewer letters than this share of its characters, is a picture's texture (RegionGroup._noise).
@@ -98,8 +98,9 @@ class RegionGroup:
         -0.01 to -0.23 a token (tables and code down to 0.28 letters); the same pages scanned badly
         (halved, blurred, noisy: CER 0.33) down to -1.7, but 0.63 letters and more but one block
         of garbage; pictures -0.51 to -1.32 and 0.07 to 0.55 letters. The pages of
-        scripts/eval_pictures.py read at CER 0.014 with it, 0.279 without (stretch 9's pair). (A sequence stopped at
-        max_tokens scored no end token: its block's mean is a little higher than it was, so kept.)"""
+        scripts/eval_pictures.py read at CER 0.014 with it, 0.279 without (stretch 9's pair). (A
+        sequence stopped at max_tokens scored no end token: its block's mean comes out a little
+        higher than it was, so the block is kept if anything.)"""
         by_block: dict[int, list[int]] = {}
         for i, r in enumerate(self.regions):
             by_block.setdefault(r.block, []).append(i)

@@ -200,7 +200,8 @@ class _Run:
                     str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
                                          f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
                 continue
-            keep = {i + 1: kept[doc.doc_id][i + 1] for i in pages if i + 1 in kept.get(doc.doc_id, {})}  # by 1-based page
+            back = kept.get(doc.doc_id, {})  # by 1-based page; `pages` are 0-based indices
+            keep = {i + 1: back[i + 1] for i in pages if i + 1 in back}
             again_note = ""
             if doc.doc_id in again:  # only the pages not kept are read: the whole document when none are
                 said, n = _pages_said(again[doc.doc_id]), len(keep)

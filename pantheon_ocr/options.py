@@ -192,7 +192,7 @@ class EngineOptions:
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")
     gpu_decode: bool = option(False, "Run the batched decode matmuls on the torch --device.")
-    threads: int | None = option(None, "Math threads in all (default: every core).", kind="int", lo=1, hi=MAX_THREADS)
+    threads: int | None = option(None, "Math threads in all (default: every core this process may use, within a container's CPU quota).", kind="int", lo=1, hi=MAX_THREADS)
     # Benchmarks only (figures quoted from these must say so): the first N layers of a tower, the
     # naive attention reference, and pages that always run to max_tokens.
     vision_layers: int | None = option(None, "Run only the first N vision layers.", kind="int", lo=1, cli=False, job=False)

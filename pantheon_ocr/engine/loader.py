@@ -8,7 +8,7 @@ benchmarks, scripts and Ray workers.
 Nothing here prints: what a person should know about the engine (a tiny test model, what `auto`
 chose for the weights and the vision backend, and why) comes back as `notes`, one sentence each,
 for the caller to show; the choices start with "weights:", "vision backend:", "KV cache:",
-"decode attention:", "products:", "prompt attention:" and "prompt rows:" (PLAN_NOTES).
+"decode attention:", "products:", "prompt attention:", "prompt rows:" and "threads:" (PLAN_NOTES).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 from ..errors import OptionError
 from ..options import TORCH_STORAGES, EngineOptions
 from .attention import TowerOptions
-from .threads import cpu_count
+from .threads import cores, cpu_count
 
 if TYPE_CHECKING:  # importing the engine's face must stay cheap: weights.py loads gguf
     from .format.weights import Storage
 
 # notes that say what auto chose (the CLI shows why under -v)
 PLAN_NOTES = ("weights:", "vision backend:", "KV cache:", "decode attention:", "products:", "prompt attention:",
-              "prompt rows:")
+              "prompt rows:", "threads:")
 TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 # Below this many parameters a tower's matmuls are too small for torch's per-call cost to pay:
 # numpy float32 is the faster path (the bundled reader: 7.6 M; LightOnOCR's towers: 0.4 G, 0.6 G).
@@ -133,6 +133,9 @@ def plan_auto(options: EngineOptions) -> tuple[EngineOptions, list[str]]:
             o = replace(o, vision_backend="numpy")
             why.append(f"vision backend: numpy (a small vision tower, {_millions(vision_params)} parameters: "
                        "one numpy pass over a page's line pieces is fastest)")
+    if o.threads is None:  # the run's total, which the stages share (threads.stage_threads)
+        n, reason = cores()
+        why.append(f"threads: {n} ({reason})")
     return o, why
 
 

@@ -19,9 +19,11 @@ process-wide and follows the stage that started a unit of work last.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
+from pathlib import Path
 
 _chosen: int | None = None  # the last set_threads count: the process-wide BLAS count, torch's when it loads later
 _shared = False  # that count is a stage's share of the run's threads (the stages overlap)
@@ -30,11 +32,75 @@ _local = threading.local()  # .count: the calling thread's own (torch) count, as
 
 
 def cpu_count() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    """Cores this process may use: the affinity mask (`taskset`, a cpuset), lowered to the CPU time
+    its control groups allow (a container's `--cpus`), never the machine's total. A container given
+    2 CPUs on a 64-core host sees 64 in its mask: 64 BLAS threads on 2 CPUs' time spin and take
+    turns, the tenfold slowdown of oversubscription (docs/benchmarks.md)."""
+    return cores()[0]
+
+
+def cores(root: str = "/") -> tuple[int, str]:
+    """cpu_count() and why, in words for `-v`; `root` stands for / (tests)."""
     try:
-        return len(os.sched_getaffinity(0))
+        mask = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        mask = os.cpu_count() or 1
+    quota = cgroup_cpus(root)
+    if quota is not None and math.ceil(quota) < mask:
+        return max(1, math.ceil(quota)), f"the CPU time its control group allows: {quota:g} of the {mask} cores it sees"
+    return mask, "the cores this process may run on"
+
+
+def cgroup_cpus(root: str = "/") -> float | None:
+    """The CPUs' worth of time the process's control groups allow (quota / period), the lowest
+    along its cgroup's path up to the hierarchy's root, or None where none is set or none can be
+    read. cgroup v2 (`cpu.max`, "max 100000" when unlimited) and v1 (`cpu.cfs_quota_us`, -1 when
+    unlimited, over `cpu.cfs_period_us`). In a container the hierarchy is mounted at its own group
+    while /proc/self/cgroup may still name the host's path: each level that exists counts."""
+    try:
+        lines = Path(root, "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        fields = line.split(":", 2)  # hierarchy id, controllers, path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":  # v2: the unified hierarchy
+            limits += _levels(Path(root, "sys/fs/cgroup"), path, _v2_limit)
+        elif "cpu" in controllers.split(","):
+            for mount in ("cpu,cpuacct", "cpuacct,cpu", "cpu"):
+                limits += _levels(Path(root, "sys/fs/cgroup", mount), path, _v1_limit)
+    return min(limits, default=None)
+
+
+def _levels(mount: Path, path: str, limit) -> list[float]:
+    """The limits set on the cgroup `path` and each group above it, as far as they exist under `mount`."""
+    parts = [p for p in path.strip().split("/") if p]
+    found = []
+    for depth in range(len(parts), -1, -1):
+        value = limit(mount.joinpath(*parts[:depth]))
+        if value is not None:
+            found.append(value)
+    return found
+
+
+def _v2_limit(group: Path) -> float | None:
+    try:
+        quota, period = (group / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_limit(group: Path) -> float | None:
+    try:
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        period = int((group / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def set_threads(threads: int) -> None:

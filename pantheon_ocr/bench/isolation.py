@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import Any
 
-from ..engine.threads import set_threads
+from ..engine.threads import cpu_count, set_threads
 from ..errors import ExitCode, PantheonError
 
 _RESULT_MARK = "@@bench-result@@ "
@@ -162,7 +162,9 @@ def cpu_info() -> str:
     except OSError:
         pass
     la = os.getloadavg()
-    return f"{os.cpu_count()} cores {model}; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}"
+    usable = cpu_count()  # a mask or a container's quota: what the default thread total is
+    cores = f"{os.cpu_count()} cores" + (f" ({usable} usable)" if usable != os.cpu_count() else "")
+    return f"{cores} {model}; load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}"
 
 
 if __name__ == "__main__":

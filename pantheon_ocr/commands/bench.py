@@ -325,7 +325,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off", show_default=True, help="e.g. on,off")
 @click.option("--overlap", default=OVERLAP_WORDS[spec(PipelineOptions, "overlap").default],
               show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
-@click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core).")
+@click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core this process may use, within a container's CPU quota).")
 @table_options(EngineOptions, "vision_backend", "device", "kv_dtype", "prefill_chunk")
 @vision_dtypes_option
 @click.option("--gpu-prefill", default="on" if spec(EngineOptions, "gpu_prefill").default else "off",

@@ -319,9 +319,14 @@ def _reachable(address: str) -> None:
         raise JobError(f"{address}: not a Ray address (HOST:PORT, auto, local or ray://HOST:PORT)") from None
     except OSError as e:
         raise NetworkError(f"the Ray cluster at {address}", f"cannot be reached: {e.strerror or e}") from None
-    # The GCS is a gRPC server: it answers HTTP/2's opening with a SETTINGS frame (type 4, the
-    # 4th byte); a TLS-guarded one sends a TLS record (first byte 20-23). Silence, or a closed
-    # connection, is left to Ray: only a server that plainly speaks something else is refused.
+    # The GCS is a gRPC server: it sends HTTP/2's SETTINGS frame (type 4, the 4th byte) as soon as
+    # a connection opens; a TLS-guarded one answers the preface with a TLS record (first byte
+    # 20-23). A closed connection (a proxy, a firewall) is left to Ray; silence is no GCS, nor is
+    # a server that plainly speaks something else (ray.init waited minutes on either).
+    if reply is None:
+        raise NetworkError(f"the Ray cluster at {address}", f"accepts connections but said nothing in {REPLY_TIMEOUT:g} s, "
+                                                         "where a Ray head answers at once: is this the head's --port "
+                                                         "(6379 unless set), and is the head alive?")
     if reply and not (len(reply) >= 4 and reply[3] == 4) and not 20 <= reply[0] <= 23:
         said = reply.split(b"\n")[0].rstrip(b"\r").decode("latin-1")[:60]
         said = f"it said {said!r}" if said.isprintable() else "it is no gRPC server"
@@ -329,14 +334,16 @@ def _reachable(address: str) -> None:
                                                              "is this the head's --port (6379 unless set)?")
 
 
-def _first_reply(conn: socket.socket) -> bytes:
+def _first_reply(conn: socket.socket) -> bytes | None:
     """The first bytes a server sends back to HTTP/2's client preface and an empty SETTINGS frame
-    (b"": none within REPLY_TIMEOUT, or it closed)."""
+    (b"": it closed or reset the connection; None: nothing within REPLY_TIMEOUT)."""
     conn.settimeout(REPLY_TIMEOUT)
     try:
         conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
         return conn.recv(64)
-    except OSError:  # a reset, a timeout: nothing said
+    except socket.timeout:
+        return None
+    except OSError:  # a reset: nothing said
         return b""
 
 

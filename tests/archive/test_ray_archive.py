@@ -177,6 +177,22 @@ def test_an_address_that_does_not_answer_is_said_at_once():
     _reachable("auto")  # left to Ray
 
 
+def test_an_address_that_accepts_but_stays_silent_is_said(monkeypatch):
+    """A port that accepts and says nothing (a stopped head's forwarded port, a listener of
+    another kind) hung ray.init for minutes: a Ray head's GCS sends HTTP/2's SETTINGS at once."""
+    import socket
+
+    from pantheon_ocr.archive import ray as ray_jobs
+
+    monkeypatch.setattr(ray_jobs, "REPLY_TIMEOUT", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # the kernel accepts; nobody answers
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(NetworkError, match=rf"^the Ray cluster at {address}: accepts connections but said "
+                                               r"nothing in 0.3 s, where a Ray head answers at once") as caught:
+            ray_jobs._reachable(address)
+    assert caught.value.exit_code == ExitCode.NETWORK
+
+
 def test_an_address_where_another_server_answers_is_said_at_once(local_ray):
     """A web server's port (the dashboard's, say) hung ray.init as a dead address did: the address
     is asked HTTP/2's opening first, which Ray's GCS (gRPC) answers and a web server does not."""

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 
+from ..errors import JobError, path_text
 from .sqlite import Txn
 
 
 class MetaMixin:
     db: object  # sqlite3.Connection, set by JobState
+    path: object  # the state file, set by JobState
 
     def _meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -42,3 +44,23 @@ class MetaMixin:
 
     def recovered(self) -> None:
         self._set_meta("recover_outputs", None)
+
+    def claim(self, name: str, job_file, write: bool = True) -> None:
+        """This state is job `name`'s: the first run of a state (or of one made by a version that
+        did not keep the name) writes it (unless not `write`: status and reports read only); a
+        job of another name is refused (JobError). Two job files naming one `state =` (a job
+        file copied, its `state` left) mixed their documents, runs and reports in it, and each
+        run counted the other's documents as gone."""
+        owner = self._meta("job")
+        if owner is None:
+            if not write:
+                return
+            self._set_meta("job", name)
+            self._set_meta("job_file", str(job_file))
+        elif owner != name:
+            other = self._meta("job_file")
+            raise JobError(f"{path_text(self.path)}: this is the state of job {owner!r}"
+                           + (f" ({path_text(other)})" if other else "") + f", not of job {name!r} "
+                           f"({path_text(job_file)}): two jobs sharing a state mix their documents, runs and reports; "
+                           f"give this job a `state =` of its own, or, if it is job {owner!r} renamed, "
+                           f"set name = {json.dumps(owner)} in {path_text(job_file)}")

@@ -47,6 +47,7 @@ def fresh_state(spec) -> tuple[JobState, str | None]:
         salvage = JobState.salvage_file(path)  # but its runs or documents may still be legible
     if old is not None:
         try:
+            old.claim(spec.name, spec.path)  # another job's state is not this job's to set aside
             lock = old.read_lock()
             salvage = old.salvage()
         finally:

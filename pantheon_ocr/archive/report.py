@@ -186,6 +186,7 @@ def job_status(spec) -> dict:
     if state is None:
         return out
     try:
+        state.claim(spec.name, spec.path, write=False)
         out.update(state.counts())
         out["not_in_last_run"] = state.not_in_last_run()
         lock = state.read_lock()
@@ -218,6 +219,7 @@ def rewrite_report(spec, run_id: int | None = None) -> tuple[Path, Path]:
     if state is None:
         raise JobError(f"{path_text(spec.path)}: no runs yet (no job state at {path_text(spec.state)})")
     try:
+        state.claim(spec.name, spec.path, write=False)
         found = state.run_summary(run_id)
         newest = state.run_summary(None)
         lock = state.read_lock()

@@ -172,6 +172,7 @@ class _JobRun:
             else:
                 self.state = JobState.open(spec.state, spec.path)
             try:
+                self.state.claim(spec.name, spec.path)
                 # numbered past the reports already there, even if the state was lost meanwhile
                 self.run_id, stale = acquire(self.state, spec.lock.stale_after, self.executor.name, spec.name,
                                              after=last_report_run(spec.reports))

@@ -279,3 +279,37 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
     assert sql(job, "SELECT count(*) FROM runs WHERE status = 'running'") == [(0,)]
     monkeypatch.undo()
     assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK  # the next night runs, no 75
+
+
+# ------------------------------------------------------------------ one state, one job
+
+
+def test_a_state_of_another_job_is_refused_and_left_as_it_was(tmp_path):
+    """A job file copied with its `state =` left: the second job mixed its documents, runs and
+    reports into the first's state, and each counted the other's documents as gone. It is refused
+    by run, --rebuild-state (which would set the other job's state aside), status and report, and
+    the state is left as it was; the job of that name still runs."""
+    job = done_job(tmp_path)
+    (tmp_path / "other").mkdir()
+    pdf(tmp_path / "other" / "in", "c.pdf", 1, 3)
+    other = write_job(tmp_path / "other", {"name": "copied", "state": str(tmp_path / "job.sqlite")})
+    before = sql(job, "SELECT * FROM documents"), sql(job, "SELECT * FROM runs")
+    for command in ("run", "status", "report"):
+        one_error(other, command, ExitCode.BAD_ARGUMENTS, f"{tmp_path / 'job.sqlite'}: this is the state of job 'job' "
+                  f"({job}), not of job 'copied' ({other}): two jobs sharing a state",
+                  "give this job a `state =` of its own, or, if it is job 'job' renamed, set name = \"job\"")
+    rc, lines = cli("archive", "run", str(other), "--rebuild-state", "--no-progress")
+    assert rc == ExitCode.BAD_ARGUMENTS and any("this is the state of job 'job'" in line for line in lines), lines
+    assert (sql(job, "SELECT * FROM documents"), sql(job, "SELECT * FROM runs")) == before
+    assert list(tmp_path.glob("job.sqlite.*")) == [] and not any((tmp_path / "other" / "out").rglob("*"))
+    assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK  # its own job runs on
+
+
+def test_a_state_from_before_the_name_was_kept_is_claimed_by_its_next_run(tmp_path):
+    """A state an older version made has no job name: its next run writes it; status reads it
+    without writing."""
+    job = done_job(tmp_path)
+    sql(job, "DELETE FROM meta WHERE key IN ('job', 'job_file')")
+    assert job_status(load_job(job))["runs"] and sql(job, "SELECT value FROM meta WHERE key='job'") == []
+    assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK
+    assert sql(job, "SELECT value FROM meta WHERE key IN ('job', 'job_file') ORDER BY key") == [("job",), (str(job),)]

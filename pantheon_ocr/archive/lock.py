@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..errors import ExitCode, JobError
 from .sqlite import pid_alive
-from .state import JobState, LockInfo, connect
+from .runs import LockInfo
+from .state import JobState, connect
 
 
 class JobLocked(JobError):

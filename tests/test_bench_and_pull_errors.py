@@ -51,6 +51,7 @@ def nothing_may_run(monkeypatch):
 
 
 BENCHES = {
+    "generate": ["bench", "generate", "--model", TEXT, "--prefill-tokens", "4", "--decode-tokens", "1"],
     "decode": ["bench", "decode", "--model", TEXT, "--batch-size", "1", "--context", "4", "--steps", "1",
                "--in-process"],
     "ocr": ["bench", "ocr", "--model", TEXT, "--mmproj", MMPROJ, "--stage", "vision", "--vision-layers", "1",
@@ -110,6 +111,17 @@ def test_bench_json_folder_is_made_and_the_file_written_whole(tmp_path, capsys):
     assert row["storage"] and [r["batch"] for r in row["rows"]] == [1]
     assert os.listdir(target.parent) == ["decode.json"]  # no temp file left beside it
     assert capsys.readouterr().err.endswith(f"wrote {target}\n")
+
+
+def test_bench_generate_writes_its_json_as_the_other_benches_do(tmp_path, capsys):
+    """`bench generate --json` was a flag that printed JSON instead of the table; it now takes the
+    file's path, as `bench ocr|decode|pages` do, and the table is printed too."""
+    target = tmp_path / "generate.json"
+    assert main([*BENCHES["generate"], "--json", str(target)]) == 0
+    (row,) = json.loads(target.read_text())
+    assert row["decode_tok_s"] > 0
+    out, err = capsys.readouterr()
+    assert "prefill tok/s" in out and err.endswith(f"wrote {target}\n")
 
 
 # -- bench pages: which document failed, and why -------------------------------------------------

@@ -143,22 +143,20 @@ def bench() -> None:
               help="Storage modes, e.g. quantized,f32,int8; auto: what transcribe takes for each model here.")
 @click.option("--prefill-tokens", default=512, show_default=True, type=click.IntRange(1))
 @click.option("--decode-tokens", default=16, show_default=True, type=click.IntRange(1))
-@click.option("--json", "as_json", is_flag=True)
-def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
+@click.option("--json", "json_path", help="Also write the rows as JSON.")
+def generate(models, weights, prefill_tokens, decode_tokens, json_path) -> None:
     """Prefill and decode tokens/s per model and storage mode, with a numpy GEMM roofline."""
     from ..bench.isolation import cpu_info
     from ..bench.stages import bench_decoder
     from ..engine.loader import auto_weights
 
     choices = _choices(weights, "--weights", WEIGHT_CHOICES)
+    _check_json(json_path)
     models = [_text_model(m) for m in models]
     for m in models:
         _model_file(m, "model")
     rows = [bench_decoder(m, s, prefill_tokens, decode_tokens).row() for m in models
             for s in dict.fromkeys(auto_weights(m)[0] if w == "auto" else w for w in choices)]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
     click.echo(f"# {cpu_info()}")
     click.echo(f"{'model':40} {'storage':9} {'KV':8} {'prefill tok/s':>13} {'roofline':>9} {'ratio':>6} "
                f"{'decode tok/s':>12} {'roofline':>9} {'tokenizer s':>11}")
@@ -166,6 +164,7 @@ def generate(models, weights, prefill_tokens, decode_tokens, as_json) -> None:
         click.echo(f"{r['model'][-40:]:40} {r['storage']:9} {r['kv_dtype']:8} {r['prefill_tok_s']:13.1f} "
                    f"{r['roofline_prefill_tok_s']:9.1f} {r['roofline_prefill_tok_s'] / r['prefill_tok_s']:6.2f} "
                    f"{r['decode_tok_s']:12.2f} {r['roofline_decode_tok_s']:9.1f} {r['tokenizer_load_s']:11.2f}")
+    _write_json(json_path, rows)
 
 
 @bench.command("ocr")

@@ -331,6 +331,7 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
     attention, and with two `steps_compiled` one with and one without the compiled step) take turns
     step by step (round robin), so that a change in machine load hits them all alike; the median
     step time per B gives tokens/s = B / step."""
+    from ..engine.backends.native import DecodeAttention
     from ..engine.batch import forward_batch
     from ..engine.cache import kv_kind
 
@@ -378,7 +379,11 @@ def bench_decode(model: str, storage: str = "f32", batch_sizes=(1, 4, 8, 16, 32)
             step = head + (step - head) * n_full / len(dec.layers)
         # The bare GEMMs of one step at M = B (float32 BLAS, nothing around them), same load.
         roof = roofline_seconds(shapes, b, repeats=3) if storage == "f32" else None
-        rows.append({"batch": b, "kernel": kernel, "compiled_step": compiled, "step_s": step, "tok_s": b / step, "head_s": head,
+        tb = d.torch_blocks  # what ran, which is not what was asked where a kernel did not build or fit
+        ran_kernel = bool(tb is not None and tb.kernel is not None and kv_dtype in DecodeAttention.KINDS)
+        ran_step = bool(tb is not None and tb.step is not None)
+        rows.append({"batch": b, "kernel": kernel, "compiled_step": compiled, "kernel_ran": ran_kernel,
+                     "step_ran": ran_step, "step_s": step, "tok_s": b / step, "head_s": head,
                      "roofline_tok_s": b / roof if roof else None, "steps_s": [round(t, 4) for t in times]})
     for r in rows:
         r["speedup_vs_first"] = r["tok_s"] / next(x["tok_s"] for x in rows if x["kernel"] == r["kernel"]

@@ -119,6 +119,18 @@ def test_bench_decode_takes_turns_with_and_without_the_compiled_attention(tmp_pa
     assert all(len(r["steps_s"]) == 2 for r in d["rows"])
     assert d["kernel_why"]["False"] == "torch's products (the tower's options ask for them)"
     assert d["kernel_why"]["True"] == native.decode_attention().why
+    built = native.decode_attention().kernel is not None  # the column says what ran, not what was asked
+    assert [r["kernel_ran"] for r in d["rows"]] == [built, built, False, False]
+
+
+def test_bench_decode_says_the_kernel_did_not_run_where_it_cannot(capsys):
+    """float32 weights decode through numpy: --decode-kernel on (the default) printed "on" in the
+    kernel column all the same."""
+    assert main(["bench", "decode", "--model", TEXT, "--weights", "f32", "--batch-size", "1", "--context", "4",
+                 "--steps", "1", "--in-process"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("f32"))
+    assert row.split()[1:3] == ["off", "off"] and "decode attention: numpy decode step" in out
 
 
 def test_bench_decode_takes_turns_with_and_without_the_compiled_step(tmp_path):

@@ -51,7 +51,7 @@ class Page:
     finish_reason: str | None  # eos, max_tokens, repetition, blank, text-layer; None when it failed
     error: str | None  # why it failed, None when it did not
     seconds: dict = field(default_factory=dict, hash=False)  # render, vision, prefill, decode (a Page hashes without it)
-    source: str = "ocr"  # "ocr", or "text-layer" (the PDF's own text: --text-layer prefer, or a failed page)
+    source: str = "model"  # or "text-layer": the PDF's own text (--text-layer prefer, or a failed page); as the JSONL
 
     @property
     def ok(self) -> bool:
@@ -266,11 +266,8 @@ class _PageOrder:
 
 
 def _page(result) -> Page:
-    from .pipeline.types import TEXT_LAYER
-
     return Page(str(result.doc.path), result.page, result.text if result.error is None or result.from_text_layer else "",
-                result.n_tokens, result.finish_reason, result.error, dict(result.seconds),
-                TEXT_LAYER if result.from_text_layer else "ocr")
+                result.n_tokens, result.finish_reason, result.error, dict(result.seconds), result.source)
 
 
 def _sources(sources: Any) -> list:

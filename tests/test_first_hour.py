@@ -52,7 +52,7 @@ def reader():
 
 def test_read_gives_each_page_in_order(reader):
     pages = list(reader.read(DOCS / "report-3pages.pdf"))
-    assert [p.page for p in pages] == [1, 2, 3] and all(p.ok and p.source == "ocr" for p in pages)
+    assert [p.page for p in pages] == [1, 2, 3] and all(p.ok and p.source == "model" for p in pages)
     assert all(p.tokens <= 6 and p.finish_reason in ("eos", "max_tokens", "repetition") for p in pages)
     assert all(set(p.seconds) >= {"render", "vision", "prefill", "decode"} for p in pages)
     assert {p.document for p in pages} == {str(DOCS / "report-3pages.pdf")}

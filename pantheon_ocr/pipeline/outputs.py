@@ -287,7 +287,7 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
         "doc_id": result.doc.doc_id,
         "page": result.page,
         "text": result.text if _has_text(result) else "",
-        "source": TEXT_LAYER if result.from_text_layer else "model",
+        "source": result.source,
         "n_tokens": result.n_tokens,
         "finish_reason": result.finish_reason,
         "error": result.error,

@@ -20,6 +20,7 @@ from typing import Sequence
 from .files import open_regular
 from .naming import IMAGES_SUFFIX, OutputPaths, header_record
 from .outputs import unescape_markers
+from .types import MODEL
 
 _MARKER = re.compile(r"^<!-- page (\d+)(?: (stopped|failed|text-layer)(?:: (.*))?)? -->$")
 _CROP_LINK = re.compile(r"!\[image\]\([^)\n]*" + re.escape(IMAGES_SUFFIX) + r"/p\d+_\d+\.png\)")  # figures.linked_text's
@@ -65,7 +66,7 @@ def from_jsonl(text: str, sha256: str | None = None) -> dict[int, KeptPage]:
         rec = json.loads(line)
         if sha256 is not None and rec.get("doc_sha256") != sha256:
             return {}
-        if rec.get("error") is None and rec.get("source", "model") == "model" and isinstance(rec.get("page"), int):
+        if rec.get("error") is None and rec.get("source", MODEL) == MODEL and isinstance(rec.get("page"), int):
             seconds = rec.get("seconds")
             pages[rec["page"]] = KeptPage(str(rec.get("text", "")), int(rec.get("n_tokens") or 0), rec.get("finish_reason"),
                                           dict(seconds) if isinstance(seconds, dict) else {})

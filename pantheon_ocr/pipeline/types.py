@@ -20,6 +20,7 @@ from .inputs import Document
 
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds
 TEXT_LAYER = "text-layer"  # finish_reason of a failed page whose text is the PDF's own text layer
+MODEL = "model"  # a page's source when the model read it; TEXT_LAYER when its text is the PDF's own
 
 
 @runtime_checkable
@@ -115,6 +116,11 @@ class PageResult:
     def from_text_layer(self) -> bool:
         """The OCR failed (`error` says why) and `text` is the PDF's own text layer instead."""
         return self.finish_reason == TEXT_LAYER
+
+    @property
+    def source(self) -> str:
+        """Where the text came from, as the JSONL and the API's Page say it: MODEL or TEXT_LAYER."""
+        return TEXT_LAYER if self.from_text_layer else MODEL
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,10 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
                      f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (marked stopped at "
                      "max_tokens in the outputs); a higher --max-tokens reads on")
     if summary.interrupted:
-        lines.append("interrupted: finished documents are complete, the rest was not written")
+        kept = any(d.status == "interrupted" and d.outputs for d in summary.documents)
+        lines.append("interrupted: finished documents are complete" + (
+            "; unfinished ones hold the pages read so far, and the next run reads only the rest" if kept
+            else ", the rest was not written"))
     by_status: dict[str, int] = {}
     for d in summary.documents:
         by_status[d.status] = by_status.get(d.status, 0) + 1

@@ -14,8 +14,14 @@ Failures are per page: a render error, a crashed render worker, or an exception 
 prefill or a decode step turns the page(s) concerned into failed PageResults; the run goes on.
 Ctrl-C (KeyboardInterrupt, delivered to the main thread) sets `stop`: every stage returns
 within ~0.1 s of its current engine call, render workers are ended, documents already written
-stay written, unfinished ones write nothing; run_pipeline then returns with `interrupted=True`
-(exit code 130) rather than raising, so the caller can still report what was done.
+stay written; run_pipeline then returns with `interrupted=True` (exit code 130) rather than
+raising, so the caller can still report what was done.
+
+An unfinished document keeps the pages read so far: when the run stops (Ctrl-C, SIGTERM, a
+crash), and every CHECKPOINT_EVERY seconds while it is read (against `kill -9` and the OOM
+killer), its outputs are written with the pages not yet read marked failed (NOT_READ). The next
+run reads only those and keeps the rest (readback.py), as for pages that failed: a 3,000-page PDF
+stopped at page 1,901 lost all 1,901 before.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any, Callable, Sequence
 from .files import changed_since, file_stamp
 from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
-from .figures import FigureCropper
+from .figures import FigureCropper, find_boxes
 from .naming import OutputPaths, claim_all, plan_output_paths
 from .outputs import write_document
 from .readback import read_pages
@@ -37,11 +43,12 @@ from .regions import for_options
 from .render import count_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
-from .types import (NO_SELECTED_PAGE, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
+from .types import (NO_SELECTED_PAGE, NOT_READ, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
                     RunSummary)
 
 
 PROGRESS_EVERY = 0.5  # seconds between two progress reports while pages are under way
+CHECKPOINT_EVERY = 300.0  # seconds between two writes of a document under way (a kill loses at most this)
 
 
 def iter_queue(q: queue.Queue):
@@ -63,6 +70,10 @@ class _DocState:
     changed: str | None = None  # how it changed, once seen
     note: str = ""  # said with its outcome: selected pages it does not have
     kept: int = 0  # of results: pages kept from its outputs (readback.py), counted once they are written again
+    pages: list[int] = field(default_factory=list)  # the selected pages, 1-based
+    saved_at: float = field(default_factory=time.perf_counter)  # its outputs' last partial write (or its start)
+    saved: int = 0  # results when they were last written partially
+    outputs: tuple = ()  # written partially, so far
 
 
 def run_pipeline(
@@ -145,11 +156,17 @@ class _Run:
             interrupted = True
         finally:
             self._shutdown()
+            for state in self.states.values():  # a crash too: what was read is kept, then it is raised
+                self._save_partial(state)
         for doc in self.documents:
             if doc.doc_id not in self.outcomes:
                 state = self.states.get(doc.doc_id)
+                note = "stopped before it was complete"
+                if state is not None and state.outputs:
+                    left = state.expected - state.saved
+                    note += (f": {state.saved} of {state.expected} pages written, the next run reads the other {left}")
                 self.outcomes[doc.doc_id] = DocumentOutcome(
-                    doc, "interrupted", n_pages=state.expected if state else 0, note="stopped before it was complete"
+                    doc, "interrupted", state.outputs if state else (), n_pages=state.expected if state else 0, note=note
                 )
         return RunSummary(
             documents=tuple(self.outcomes[d.doc_id] for d in self.documents),
@@ -206,11 +223,12 @@ class _Run:
             if doc.doc_id in again:  # only the pages not kept are read: the whole document when none are
                 said, n = _pages_said(again[doc.doc_id]), len(keep)
                 kept_said = f"{n} page{'s' * (n != 1)} kept from the outputs"
-                again_note = (f"{said} failed last time: read again, {kept_said}" if keep and len(keep) < len(pages)
-                              else f"{said} failed last time and is not selected now: {kept_said}" if keep
-                              else f"read again: {said} failed last time")
+                again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
+                              else f"{said} not finished last time and is not selected now: {kept_said}" if keep
+                              else f"read again: {said} not finished last time")
             state = self.states[doc.doc_id] = _DocState(
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
+                pages=[i + 1 for i in pages], saved=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
                 note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages)))))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages if i + 1 not in keep]
@@ -231,6 +249,7 @@ class _Run:
                 state = self.states[task.doc.doc_id] = _DocState(task.doc, self.paths[task.doc.doc_id], 0,
                                                                  stamp=file_stamp(task.doc))
             state.expected += 1
+            state.pages.append(task.page_index + 1)
             self.tasks.append(task)
         for doc in self.documents:
             if doc.doc_id not in self.states:
@@ -282,7 +301,30 @@ class _Run:
         if len(state.results) == state.expected:
             self._finish(state)
             del self.states[result.doc.doc_id]
+        elif time.perf_counter() - state.saved_at >= CHECKPOINT_EVERY:
+            self._save_partial(state)
         self._progress()
+
+    def _save_partial(self, state: _DocState) -> None:
+        """Write a document the run has not finished (module docstring): the pages read so far, the
+        others marked NOT_READ. Left as it is on disk when nothing new was read since its last
+        write, nothing was read at all, it changed meanwhile, or the caller writes (archive jobs
+        record every page in their state). A page with image regions counts as not read: its
+        crops are made as the document is finished, and a stopped run does not wait for them."""
+        state.saved_at = time.perf_counter()
+        doc = state.doc
+        read = [r for r in state.results if r.error is not None or not find_boxes(r.text)]
+        if not self.write_outputs or len(read) <= state.saved or changed_since(doc, state.stamp) \
+                or not any(r.error is None or r.from_text_layer for r in read):
+            return
+        have = {r.page for r in read}
+        stand_ins = [PageResult(doc, page, "", 0, None, NOT_READ) for page in state.pages if page not in have]
+        try:
+            state.outputs = tuple(write_document(state.paths, read + stand_ins, self.options.formats,
+                                                 self.options.page_files, self.sources.get(doc.doc_id)))
+        except OSError:  # said when the document is finished, or is not: it stays unwritten
+            return
+        state.saved = len(read)
 
     def _finish(self, state: _DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)

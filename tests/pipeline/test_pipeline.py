@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
@@ -235,7 +236,7 @@ def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
         engine = FakeEngine()
         again = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
         (outcome,) = again.documents
-        assert outcome.status == "written" and outcome.note == "page 2 failed last time: read again, 2 pages kept from the outputs"
+        assert outcome.status == "written" and outcome.note == "page 2 not finished last time: read again, 2 pages kept from the outputs"
         assert engine.prefills == [(1, 2)] and again.exit_code == ExitCode.OK
         assert (again.pages_done, again.pages_kept) == (1, 2)
         if "md" in formats:
@@ -265,7 +266,7 @@ def test_a_failed_page_is_read_with_the_whole_document_when_its_outputs_cannot_b
     jsonl.write_text(jsonl.read_text().replace('"page": 3', '"page": 3,,'))
     engine = FakeEngine()
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
-    assert again.documents[0].note == "read again: page 2 failed last time" and again.pages_kept == 0
+    assert again.documents[0].note == "read again: page 2 not finished last time" and again.pages_kept == 0
     assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)]
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
 
@@ -281,7 +282,7 @@ def test_pages_are_kept_only_from_outputs_of_this_very_file(tmp_path):
     run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, formats=("md",)))
     engine = FakeEngine()
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, formats=("md", "jsonl")))
-    assert again.documents[0].note == "read again: page 2 failed last time" and again.pages_kept == 0
+    assert again.documents[0].note == "read again: page 2 not finished last time" and again.pages_kept == 0
     assert sorted(engine.prefills) == [(2, 1), (2, 2), (2, 3)]
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(2, 1), (2, 2), (2, 3)])
 
@@ -313,7 +314,7 @@ def test_pages_newly_selected_are_read_beside_the_failed_ones(tmp_path):
     engine = FakeEngine()
     third = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, pages="2"))
     assert engine.prefills == [] and third.documents[0].status == "written"
-    assert third.documents[0].note == "page 1 failed last time and is not selected now: 1 page kept from the outputs"
+    assert third.documents[0].note == "page 1 not finished last time and is not selected now: 1 page kept from the outputs"
 
 
 def test_a_page_damaged_in_the_file_is_not_read_again_and_again(tmp_path):
@@ -527,9 +528,14 @@ def test_memory_stays_bounded_on_a_long_pdf(tmp_path):
     assert growth_mb < 150, f"RSS grew by {growth_mb:.0f} MB"
 
 
-def test_ctrl_c_keeps_finished_documents_and_writes_nothing_half(tmp_path):
+def test_ctrl_c_keeps_finished_documents_and_the_pages_read_of_the_others(tmp_path):
+    """A stopped run wrote nothing of a document it had not finished: a 3,000-page PDF stopped at
+    page 1,901 lost 11 minutes of reading. Its pages read so far are written, the others marked
+    not read; the next run reads only those, and the outputs come out as a run never stopped
+    writes them."""
     first = write_pdf(tmp_path / "in", "first.pdf", 2, doc_no=1)
     second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+    docs = [str(first), str(second)]
     fired = []
 
     def on_step(n):
@@ -540,19 +546,55 @@ def test_ctrl_c_keeps_finished_documents_and_writes_nothing_half(tmp_path):
 
     engine = FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 5)
     t0 = time.monotonic()
-    summary = run_pipeline(
-        expand_inputs([str(first), str(second)]), engine, options(tmp_path, formats=("md", "jsonl"), page_files=True, batch_size=2)
-    )
+    out_opts = dict(formats=("md", "jsonl"), page_files=True, batch_size=2)
+    summary = run_pipeline(expand_inputs(docs), engine, options(tmp_path, **out_opts))
     assert time.monotonic() - t0 < 10
     assert fired and summary.interrupted and summary.exit_code == ExitCode.INTERRUPTED
     assert [d.status for d in summary.documents] == ["written", "interrupted"]
     out = tmp_path / "out"
     assert md_body(out / "first.md") == md_expected([(1, 1), (1, 2)], n_tokens=5)
-    assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md"]
+    read = [r["page"] for r in map(json.loads, (out / "second.jsonl").read_text().splitlines()) if r["error"] is None]
+    unread = [p for p in range(1, 26) if p not in read]
+    assert 0 < len(read) < 25 and summary.documents[1].note == (
+        f"stopped before it was complete: {len(read)} of 25 pages written, the next run reads the other {len(unread)}")
+    assert summary.documents[1].outputs[-2:] == (out / "second.jsonl", out / "second.md")  # its page files first
+    markers = re.findall(r"^<!-- page (\d+)( failed: not read: the run stopped before this page)? -->$",
+                         (out / "second.md").read_text(), re.M)
+    assert [(int(p), bool(f)) for p, f in markers] == [(p, p in unread) for p in range(1, 26)]
+    assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md", "second", "second.jsonl",
+                                                     "second.md"]
     assert no_temp_files(out) and not render_children()
-    # the next run skips the finished document and completes the other one
-    summary = run_pipeline(expand_inputs([str(first), str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path))
+    # the next run skips the finished document and reads only the pages the other lacks
+    engine = FakeEngine(n_tokens=lambda f: 5)
+    summary = run_pipeline(expand_inputs(docs), engine, options(tmp_path, **out_opts))
     assert [d.status for d in summary.documents] == ["skipped", "written"]
+    assert sorted(p for _, p in engine.prefills) == unread and summary.pages_kept == len(read)
+    clean = tmp_path / "clean"
+    run_pipeline(expand_inputs(docs), FakeEngine(n_tokens=lambda f: 5), options(clean, **out_opts))
+    assert (out / "second.md").read_text() == (clean / "out" / "second.md").read_text()
+    assert sorted(os.listdir(out / "second")) == sorted(os.listdir(clean / "out" / "second"))
+
+
+def test_a_document_under_way_is_written_every_checkpoint_against_a_kill(tmp_path, monkeypatch):
+    """kill -9 (the OOM killer, a reboot) gives the run no time to write anything: a document
+    under way has its pages so far written every CHECKPOINT_EVERY seconds, so a kill loses at
+    most that much reading. Nothing is written while nothing new was read."""
+    from pantheon_ocr.pipeline import run as pipeline_run
+
+    monkeypatch.setattr(pipeline_run, "CHECKPOINT_EVERY", 0.0)
+    doc = write_pdf(tmp_path / "in", "a.pdf", 6, doc_no=1)
+    seen = []
+    md = tmp_path / "out" / "a.md"
+
+    def on_step(n):  # what a kill at this step would leave on disk
+        if md.exists():
+            seen.append(md.read_text().count("failed: not read"))
+
+    summary = run_pipeline(expand_inputs([str(doc)]), FakeEngine(on_step=on_step, n_tokens=lambda f: 3),
+                           options(tmp_path, batch_size=1))
+    assert summary.documents[0].status == "written" and "not read" not in md.read_text()
+    assert seen and seen[0] == 5 and seen == sorted(seen, reverse=True) and min(seen) == 1  # each page kept as read
+    assert md_body(md) == md_expected([(1, p) for p in range(1, 7)], n_tokens=3)
 
 
 class BrokenEngine(FakeEngine):

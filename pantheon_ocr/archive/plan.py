@@ -17,7 +17,7 @@ from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages
 from ..pipeline.files import OutputTree, sha256_of
 from ..pipeline.naming import OutputPaths, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
-from ..pipeline.render import count_pages
+from ..pipeline.render import open_pages
 from ..pipeline.types import FORMATS, PipelineOptions
 from .owner import own_name, remove_own_outputs
 from .report import RunLog
@@ -117,10 +117,12 @@ class Planner:
 
         pool = RenderPool(workers=self.options.render_workers, timeout=self.options.render_timeout)
         try:
-            for outcome in pool.imap(count_pages, [(d, self.options.password) for d, *_ in items], threading.Event()):
+            for outcome in pool.imap(open_pages, [(d, self.options.password) for d, *_ in items], threading.Event()):
                 doc, row_id, stamp, changed = items[outcome.index]
                 if outcome.error is None:
-                    self._set_pages(row_id, stamp, outcome.value, keep_done=False, bump=changed)
+                    self._set_pages(row_id, stamp, outcome.value.n, keep_done=False, bump=changed)
+                    if outcome.value.note:
+                        self.log.notes.append(f"{path_text(doc.path)}: {outcome.value.note}")
                     continue
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)

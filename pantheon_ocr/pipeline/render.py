@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -48,11 +49,39 @@ _pdf_cache: dict[str, tuple[tuple, object]] = {}
 def count_pages(doc: Document, password: str | None = None) -> int:
     """Pages of a PDF, frames of a multi-page TIFF, 1 for other images. InputError if the
     document cannot be opened or has no pages."""
+    return open_pages(doc, password).n
+
+
+@dataclass(frozen=True)
+class PageCount:
+    n: int  # count_pages
+    note: str = ""  # what of the file is not read, said with the document's outcome
+
+
+def open_pages(doc: Document, password: str | None = None) -> PageCount:
+    """count_pages, and a note where the file holds more than its pages: the frames of an animated
+    GIF, WebP or PNG after the first are not read (they are an animation's, not pages: a spinner
+    read frame by frame is its text over and over), and it is said, not left silent."""
     if doc.kind == "pdf":
         with _PDFIUM_LOCK:
-            return len(_cached_pdf(doc, password))
+            return PageCount(len(_cached_pdf(doc, password)))
     with _open_image(doc, None) as img:
-        return _n_frames(img)
+        n = _n_frames(img)
+        frames = _animation_frames(img)
+    return PageCount(n, f"an animated image: only its first frame of {frames} is read" if frames > 1 else "")
+
+
+def _animation_frames(img: Image.Image) -> int:
+    """Frames of an animated GIF, WebP or PNG (1 for anything else: a TIFF's frames are pages, an
+    MPO's are one photograph's views)."""
+    if img.format not in ("GIF", "WEBP", "PNG"):
+        return 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return max(1, int(getattr(img, "n_frames", 1)))
+        except Exception:  # noqa: BLE001 - a damaged animation: its first frame is still read
+            return 1
 
 
 def render_page(

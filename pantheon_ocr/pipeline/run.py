@@ -40,7 +40,7 @@ from .naming import OutputPaths, claim_all, plan_output_paths
 from .outputs import write_document
 from .readback import read_pages
 from .regions import for_options
-from .render import count_pages, render_page
+from .render import open_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
 from .types import (NO_SELECTED_PAGE, NOT_READ, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
@@ -203,19 +203,20 @@ class _Run:
                     if self.write_outputs:  # the pages that did not fail stay as they were written
                         kept[doc.doc_id] = read_pages(claim.paths, opts.formats, claim.source.sha256)
         # Opening a PDF runs PDFium, so it happens in a worker too.
-        counts = self.pool.imap(count_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
+        counts = self.pool.imap(open_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
         for outcome in counts:
             doc = to_open[outcome.index]
             if outcome.error is not None:
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, reason),))
                 continue
-            n_pages = outcome.value
+            n_pages, opened_note = outcome.value.n, outcome.value.note
             pages = parse_pages(opts.pages, n_pages, clip=True)
             if not pages:  # nothing of it is read: a failure of this document, not a success
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", note=NO_SELECTED_PAGE, failures=(PageFailure(
                     str(doc.path), None, f"none of the selected pages ({opts.pages}) exists: "
-                                         f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"),))
+                                         f"the document has {n_pages} page{'s' if n_pages != 1 else ''}"
+                                         + (f" ({opened_note})" if opened_note else "")),))
                 continue
             back = kept.get(doc.doc_id, {})  # by 1-based page; `pages` are 0-based indices
             keep = {i + 1: back[i + 1] for i in pages if i + 1 in back}
@@ -230,7 +231,7 @@ class _Run:
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
                 pages=[i + 1 for i in pages], saved=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
-                note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages)))))
+                note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages), opened_note))))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages if i + 1 not in keep]
             if len(keep) == len(pages):  # nothing left to read (the failed pages are no longer selected)
                 self._finish(state)

@@ -617,3 +617,16 @@ def test_options_are_validated():
     with pytest.raises(UsageError, match="top_p"):
         SamplingOptions(top_p=0)
     assert PipelineOptions(out_dir="x").out_dir == Path("x")
+
+
+def test_an_animated_image_s_outcome_says_its_other_frames_are_not_read(tmp_path):
+    frames = [Image.new("RGB", (640, 480), (60 * i, 90, 90)) for i in range(3)]
+    path = tmp_path / "in" / "anim.gif"
+    path.parent.mkdir()
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    summary = run_pipeline(expand_inputs([str(path)]), FakeEngine(), options(tmp_path))
+    assert [(d.status, d.note) for d in summary.documents] == [
+        ("written", "an animated image: only its first frame of 3 is read")]
+    second = run_pipeline(expand_inputs([str(path)]), FakeEngine(), options(tmp_path, pages="2"))
+    assert second.documents[0].failures[0].reason == ("none of the selected pages (2) exists: the document has 1 page "
+                                                      "(an animated image: only its first frame of 3 is read)")

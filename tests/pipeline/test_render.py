@@ -15,7 +15,7 @@ from PIL import Image
 from fake_engine import SAMPLES, make_samples_module
 from pantheon_ocr.errors import ExitCode, InputError, UsageError
 from pantheon_ocr.pipeline.inputs import Document, expand_inputs, make_document, pages_past_end, parse_pages, validate_page_spec
-from pantheon_ocr.pipeline.render import MAX_IMAGE_PIXELS, count_pages, render_page
+from pantheon_ocr.pipeline.render import MAX_IMAGE_PIXELS, PageCount, count_pages, open_pages, render_page
 
 ms = make_samples_module()
 
@@ -120,6 +120,23 @@ def test_count_pages(tmp_path):
     Image.new("RGB", (30, 30)).save(tmp_path / "one.png")
     assert count_pages(make_document(tmp_path / "multi.tif")) == 3
     assert count_pages(make_document(tmp_path / "one.png")) == 1
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "WEBP", "PNG"])
+def test_an_animated_image_is_its_first_frame_and_says_so(tmp_path, fmt):
+    """An animated GIF, WebP or PNG was read as its first frame without a word (probe: three frames
+    of text, one read, exit 0), and `--pages 2` said the file had 1 page. Its frames are an
+    animation's, not pages (a TIFF's are pages): the first is read, and the note says so."""
+    frames = [Image.new("RGB", (64, 48), (60 * i, 0, 0)) for i in range(3)]
+    path = tmp_path / f"anim.{fmt.lower()}"
+    frames[0].save(path, fmt, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    assert open_pages(make_document(path)) == PageCount(1, "an animated image: only its first frame of 3 is read")
+    assert render_page(make_document(path), 0).getpixel((5, 5))[0] < 10  # the first frame's pixels
+    frames[0].save(tmp_path / "still.gif")
+    tif = tmp_path / "multi.tif"
+    frames[0].save(tif, save_all=True, append_images=frames[1:])
+    assert open_pages(make_document(tmp_path / "still.gif")) == PageCount(1)
+    assert open_pages(make_document(tif)) == PageCount(3)
 
 
 @pytest.mark.parametrize(

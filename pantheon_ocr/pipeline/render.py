@@ -277,7 +277,7 @@ def _render_pdf_page(doc: Document, page_index: int, longest_edge: int, password
             raise InputError(doc.path, f"the page has an invalid size ({width}x{height} pt)", page=page_no)
         scale, w, h = _fit(width, height, longest_edge)
         if min(w, h) < MIN_SIDE:
-            raise InputError(doc.path, f"the page is too narrow to read ({w}x{h} px at {longest_edge} px)", page=page_no)
+            raise InputError(doc.path, _too_thin("page", f"{width:g}x{height:g} pt", w, h, longest_edge), page=page_no)
         bitmap = page.render(scale=scale, rev_byteorder=True, fill_color=(255, 255, 255, 255), may_draw_forms=True)
         img = bitmap.to_pil()  # RGB; PIL copies 3-byte formats, so the bitmap can be freed
         return img if img.mode == "RGB" else img.convert("RGB")
@@ -347,6 +347,12 @@ def _jpeg_too_short(path: Path, w: int, h: int) -> bool:
     return False
 
 
+def _too_thin(what: str, size: str, w: int, h: int, longest_edge: int) -> str:
+    """A page or image so long for its width that, fitted to the longest edge, it is a sliver."""
+    return (f"the {what} is too thin to read: {size} becomes {w}x{h} px at the longest edge of {longest_edge} px "
+            f"(under {MIN_SIDE} px across); cut it into shorter pieces")
+
+
 def _n_frames(img: Image.Image) -> int:
     """Frames of a TIFF (its pages), 1 for other images. A damaged chain of frames (a file cut
     short) counts the frames found and the one that breaks it, which then fails as its own page:
@@ -410,6 +416,6 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
     if max(w, h) > longest_edge:
         _, nw, nh = _fit(w, h, longest_edge)
         if min(nw, nh) < MIN_SIDE:
-            raise InputError(doc.path, f"the image is too narrow to read ({w}x{h} px)", page=page_no)
+            raise InputError(doc.path, _too_thin("image", f"{w}x{h} px", nw, nh, longest_edge), page=page_no)
         rgb = rgb.resize((nw, nh), Image.LANCZOS)
     return rgb

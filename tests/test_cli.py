@@ -342,6 +342,13 @@ def test_standard_output_on_a_full_disk_is_exit_73_naming_it(args):
     assert code == 73 and err == b"error: standard output: cannot write: No space left on device\n"
 
 
+def test_progress_to_stdout_says_read_not_written():
+    """With -o - the transcripts are printed once every document is read: a progress line saying
+    "written" was wrong where the reader then went away (`| head -1`: nothing delivered)."""
+    code, out, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--max-tokens", 3)
+    assert code == 0 and out and f"[1/1] read {DOCS / 'text-1page.pdf'} (1 page, " in err and "] written" not in err
+
+
 def test_stdout_refuses_page_files_and_keeps_documents_apart_in_txt(tmp_path):
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", "-", "--page-files")
     assert code == 2 and "error: --page-files writes a file per page: give an output folder (-o), not -" in err

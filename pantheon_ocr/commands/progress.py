@@ -26,11 +26,12 @@ REDRAW_EVERY = 0.25  # seconds: a terminal line redrawn at most this often
 LOG_EVERY = 60.0  # seconds: without a terminal, a line at least this often while pages run
 
 
-def progress_bar(stream=None):
+def progress_bar(stream=None, written: str = "written"):
     """The on_progress callback for this stream (stderr by default): live on a terminal, a line
-    per document otherwise."""
+    per document otherwise. `written`: the word for a document done ("read" where the outputs go to
+    standard output once every document is done: not yet delivered, they may never be)."""
     stream = stream or sys.stderr
-    return LiveLine(stream) if getattr(stream, "isatty", lambda: False)() else DocumentLines(stream)
+    return LiveLine(stream) if getattr(stream, "isatty", lambda: False)() else DocumentLines(stream, written)
 
 
 class ProgressDisplay:
@@ -97,12 +98,13 @@ class LiveLine(ProgressDisplay):
 
 
 class DocumentLines(ProgressDisplay):
-    def __init__(self, stream):
-        self.stream, self.last = stream, time.monotonic()
+    def __init__(self, stream, written: str = "written"):
+        self.stream, self.last, self.written = stream, time.monotonic(), written
 
     def __call__(self, p) -> None:
         for i, outcome in enumerate(p.finished, p.docs_done - len(p.finished) + 1):
-            self.stream.write(f"[{i}/{p.docs_total}] {outcome.status} {path_text(outcome.doc.path)} "
+            status = self.written if outcome.status == "written" else outcome.status
+            self.stream.write(f"[{i}/{p.docs_total}] {status} {path_text(outcome.doc.path)} "
                               f"({count(outcome.n_pages, 'page')}, {_clock(p.elapsed)})\n")
         now = time.monotonic()
         if p.finished:

@@ -77,7 +77,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         echo_notes(reader.notes)
-        bar = progress_bar() if progress else None
+        bar = progress_bar(written="read" if to_stdout else "written") if progress else None
         try:
             summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing)
         except RunInterrupted as stopped:  # said with what was done, exit 130

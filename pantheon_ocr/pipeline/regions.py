@@ -104,9 +104,13 @@ class RegionGroup:
         by_block: dict[int, list[int]] = {}
         for i, r in enumerate(self.regions):
             by_block.setdefault(r.block, []).append(i)
+        # A piece cut off a line as a picture beside it (segment._beside) is judged alone: it is
+        # no line of its own, and an icon reads as a few symbols the reader is unsure of.
+        groups = [[i] for i, r in enumerate(self.regions) if r.picture]
+        groups += [[i for i in members if not self.regions[i].picture] for members in by_block.values()]
         noise = set()
-        for members in by_block.values():
-            if len(members) < NOISE_LINES:
+        for members in groups:
+            if len(members) < NOISE_LINES and not (len(members) == 1 and self.regions[members[0]].picture):
                 continue
             seqs = [s for i in members for s in self.seqs[i]]
             tokens = sum(s.n_tokens + 1 for s in seqs)  # the end token is scored too
@@ -114,7 +118,8 @@ class RegionGroup:
             letters = sum(c.isalpha() for c in chars) / max(1, len(chars))
             if sum(s.logprob for s in seqs) / tokens < NOISE_LOGPROB and letters < NOISE_LETTERS:
                 noise.update(members)
-                log.debug("a block of %d lines read as a picture's noise is left out: %r", len(members),
+                what = "a picture beside a line" if self.regions[members[0]].picture else f"a block of {len(members)} lines"
+                log.debug("%s read as a picture's noise is left out: %r", what,
                           " | ".join(texts[i] for i in members)[:120])  # -v shows what went
         return noise
 

@@ -24,6 +24,7 @@ class Region:
     box: tuple[int, int, int, int]  # x0, y0, x1, y1 on the page image
     block: int  # regions of one block (paragraph, column, table) share a number, in reading order
     row: int  # regions on one line of a block share a number; cells of a line are joined with a space
+    picture: bool = False  # a piece beside a line and taller than it (an icon, an image bullet): see _beside
 
 
 def otsu(grey: np.ndarray) -> int:
@@ -236,19 +237,31 @@ def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> 
             _shrink_and_recurse(ctx, s0, s1, x0, x1, out)
         return
     # What is left is a run of lines: paragraphs where the gap is clearly wider than the spacing.
-    bands = _bands(ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h)))
-    bands = [b for band in bands for b in _split_tall(ctx, band, x0, x1)]
+    lines = []  # (b0, b1, c0, c1, picture beside it or None)
+    for band in _bands(ink, y0, y1, x0, x1, max(2, int(0.25 * ctx.line_h))):
+        beside = _beside(ctx, band, x0, x1)
+        if beside is None:
+            lines += [(b0, b1, x0, x1, None) for b0, b1 in _split_tall(ctx, band, x0, x1)]
+            continue
+        picture, (t0, t1, c0, c1) = beside
+        split = _split_tall(ctx, (t0, t1), c0, c1)
+        at = 0 if picture[0] < c0 else len(split) - 1  # on the row of the text line it stands next to
+        lines += [(b0, b1, c0, c1, picture if i == at else None) for i, (b0, b1) in enumerate(split)]
     block = out[-1].block + 1 if out else 0
     row = out[-1].row + 1 if out else 0
     prev_end = None
-    for b0, b1 in bands:
+    for b0, b1, lx0, lx1, picture in lines:
         if prev_end is not None and b0 - prev_end > 1.2 * ctx.line_h:
             block += 1
         prev_end = b1
-        for c0, c1 in _cells(ctx, b0, b1, x0, x1):
+        if picture is not None and picture[0] < lx0:
+            out.append(Region(picture, block, row, picture=True))
+        for c0, c1 in _cells(ctx, b0, b1, lx0, lx1):
             box = _tight(ctx, b0, b1, c0, c1)
             if box is not None:
                 out.append(Region(box, block, row))
+        if picture is not None and picture[0] >= lx1:
+            out.append(Region(picture, block, row, picture=True))
         row += 1
 
 
@@ -282,6 +295,42 @@ def _is_text_column(ctx: _Ctx, y0, y1, x0, x1, min_lines: int = 2) -> bool:
     for b0, b1 in bands:
         widths.append(max((c1 - c0 for c0, c1 in _cells(ctx, b0, b1, x0, x1)), default=0))
     return float(np.median(widths)) >= 6 * ctx.line_h
+
+
+def _beside(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int):
+    """A band that is text beside a picture at its left or right end (an icon or an image bullet
+    before a caption, as HTML manuals print them): (the picture's box, the text's (y0, y1, x0, x1)),
+    or None. The picture is a piece set apart by a gap (a word space will do), at least two lines
+    tall, inked in every row (the ends of lines, or footnote marks, have blank rows between them),
+    standing a line or more above or below the text beside it. Cut as one line, the two read as
+    symbols over the whole line, the caption lost ("self.__........" for "Glue selected objects
+    and make them a COMPOUND object."). A drop cap is as tall as the lines beside it, and a big digit
+    stands beside text of its size: neither is cut off."""
+    b0, b1 = band
+    if b1 - b0 < 2 * ctx.line_h:
+        return None
+    cols = ctx.ink[b0:b1, x0:x1].any(axis=0)
+    edges, start = [], 0
+    for gs, ge in _gaps(cols, max(2.0, 0.3 * ctx.line_h)):
+        edges.append((start, gs))
+        start = ge
+    edges.append((start, cols.size))
+    pieces = [(x0 + a, x0 + b) for a, b in edges if cols[a:b].any()]
+    if len(pieces) < 2:
+        return None
+    for pic, text in ((pieces[0], pieces[1:]), (pieces[-1], pieces[:-1])):
+        p0, p1 = _rows(ctx, b0, b1, *pic)
+        t0, t1 = _rows(ctx, b0, b1, text[0][0], text[-1][1])
+        solid = ctx.ink[p0:p1, pic[0]:pic[1]].any(axis=1).all()  # lines' ends, or marks, have blank rows between
+        if solid and p1 - p0 >= 2 * ctx.line_h and (t0 - p0 >= ctx.line_h or p1 - t1 >= ctx.line_h):
+            return (pic[0], p0, pic[1], p1), (t0, t1, text[0][0], text[-1][1])
+    return None
+
+
+def _rows(ctx: _Ctx, b0: int, b1: int, c0: int, c1: int) -> tuple[int, int]:
+    """The first and last (exclusive) inked rows of an area of a band."""
+    ys = np.flatnonzero(ctx.ink[b0:b1, c0:c1].any(axis=1))
+    return b0 + int(ys[0]), b0 + int(ys[-1]) + 1
 
 
 def _split_tall(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int) -> list[tuple[int, int]]:

@@ -189,3 +189,36 @@ def test_a_block_read_as_noise_is_left_out_and_a_lone_line_never():
     assert RegionGroup(regions, seqs).text() == ("Title\n\na b c\nd e f\ng h i\n\ntail one\ntail two\n\n"
                                                  "Tbe scan\nrcad badly\nstil1 words\n\n| 1 |\n| 2 |\n| 3 |\n\n"
                                                  "~#|\n\n*.\n|-")
+
+
+def test_a_picture_beside_a_line_is_left_out_alone_when_read_as_noise():
+    """A piece segment cut off a line as a picture (an icon) is judged alone: read as a few
+    symbols the reader is unsure of, it goes and the caption beside it stays; read surely (a big
+    digit), or as letters, it stays. Lines of text are still never judged alone."""
+    from pantheon_ocr.pipeline.regions import NOISE_LOGPROB, RegionGroup
+    from pantheon_ocr.pipeline.segment import Region
+
+    class Scored:
+        prefilling, finished, finish_reason = False, True, "eos"
+
+        def __init__(self, text, per_token):
+            self._text, self.n_tokens = text, len(text)
+            self.logprob = per_token * (self.n_tokens + 1)
+
+        def text(self):
+            return self._text
+
+        def close(self):
+            pass
+
+    low, high = NOISE_LOGPROB * 2, NOISE_LOGPROB * 0.2
+    rows = [[("self.__........", low, True), ("Glue selected objects", low)],  # a caption read unsurely stays
+            [("8", high, True), ("Measure Area", high)],
+            [("Tag", low, True), ("Break compound", high)],
+            [("~#|", low)]]
+    regions, seqs = [], []
+    for row, cells in enumerate(rows):
+        for cell in cells:
+            regions.append(Region((0, 0, 10, 10), 0, row, picture=len(cell) == 3))
+            seqs.append([Scored(cell[0], cell[1])])
+    assert RegionGroup(regions, seqs).text() == "Glue selected objects\n8 Measure Area\nTag Break compound\n~#|"

@@ -130,3 +130,40 @@ def test_a_speckled_page_does_not_recurse_without_end(seed):
     grey = np.full((1000, 1400), 255, np.uint8)
     grey[rng.random(grey.shape) < 0.05] = 0
     segment(grey)  # returns, whatever it finds
+
+
+def icon_page(size: int, beside: list[str], top_aligned: bool = False) -> tuple[np.ndarray, list]:
+    """An icon (a framed picture `size` px tall) at x 150, the lines `beside` it from x 150 + size + 12,
+    set at its foot (an HTML manual's image bullet) or at its top (a drop cap's place)."""
+    step = 45
+    y_text = 300 if top_aligned else 300 + size - step * len(beside) + 8
+    lines = [(150 + size + 12, y_text + step * i, t) for i, t in enumerate(beside)]
+    grey = page(lines + [(150, 700, "a paragraph under it")])
+    img = Image.fromarray(grey)
+    d = ImageDraw.Draw(img)
+    d.rectangle((150, 300, 150 + size, 300 + size), outline=20, width=3)
+    d.ellipse((160, 310, 140 + size, 290 + size), fill=60)
+    return np.asarray(img).copy(), lines
+
+
+def test_an_icon_beside_a_line_is_cut_off_as_a_picture():
+    """An icon before a caption (an HTML manual's image bullet) was cut with its line as one tall
+    line, read as symbols over the whole line and the caption lost ("self.__........" for "Glue
+    selected objects and make them a COMPOUND object."): the icon is now a region of its own,
+    marked a picture, on the caption's row, and the caption a line of its height."""
+    grey, lines = icon_page(110, ["Glue selected objects together"])
+    regions, _ = segment(grey)
+    icon, caption = regions[0], regions[1]
+    assert icon.picture and 148 <= icon.box[0] <= 151 and icon.box[3] - icon.box[1] >= 100
+    assert not caption.picture and (icon.block, icon.row) == (caption.block, caption.row)
+    assert texts_in_order([caption], lines) == ["Glue selected objects together"]
+    assert caption.box[3] - caption.box[1] < 45 and caption.box[0] > icon.box[2]
+    assert not any(r.picture for r in regions[2:]) and len(regions) == 3
+
+
+def test_a_drop_cap_or_lines_as_tall_as_the_piece_beside_them_are_not_cut():
+    """A piece as tall as the lines beside it (a drop cap, a big letter set with its text) is no
+    picture beside a line: nothing is marked a picture."""
+    grey, _ = icon_page(80, ["first line beside the big piece", "second line beside the big piece"], top_aligned=True)
+    regions, _ = segment(grey)
+    assert not any(r.picture for r in regions)

@@ -2,13 +2,15 @@
 
 For readers that read lines or blocks rather than whole pages. Printed documents only: text on a
 grey, dark or coloured ground (slide title bars, table headers, inverted boxes) is normalised so ink
-is always darker than its ground (the ground of each area made white), the page is binarised (Otsu), table rules and other long strokes
-are removed, and the ink is cut recursively (an X-Y cut): a block splits into columns where a
-vertical gap runs through all of it and both sides hold running text; otherwise into sections at
-full-width blank bands at least a line high (a title over two columns, a footer under them), each
-cut again; what cannot be cut is a run of lines, and a line splits into cells at wide gaps (table
-rows are read cell by cell, left to right). Each leaf is a line: its crop is taken from the
-normalised grey page, padded, and scaled to the reader's line height. A blank page has no regions.
+is always darker than its ground (the ground of each area made white), the page is binarised (Otsu),
+table rules and other long strokes are removed (ink.py), and the ink is cut recursively (an X-Y
+cut): a block splits into columns where a vertical gap runs through all of it and both sides hold
+running text; otherwise into sections at full-width blank bands at least a line high (a title over
+two columns, a footer under them), each cut again; what cannot be cut is a run of lines, and a line
+splits into cells at wide gaps (table rows are read cell by cell, left to right; a cell holding
+lines of its own, each of them), with an inline picture standing on it cut off (_beside). Each
+leaf is a line: its crop is taken from the normalised grey page, padded, and scaled to the
+reader's line height. A blank page has no regions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from .ink import runs, ink_mask, normalise_ground, otsu
+
 
 @dataclass(frozen=True)
 class Region:
@@ -25,56 +29,6 @@ class Region:
     block: int  # regions of one block (paragraph, column, table) share a number, in reading order
     row: int  # regions on one line of a block share a number; cells of a line are joined with a space
     picture: bool = False  # a piece beside a line and taller than it (an icon, an image bullet): see _beside
-
-
-def otsu(grey: np.ndarray) -> int:
-    """Otsu's threshold as ink = grey < otsu(grey). Its class 0 is the levels <= k for the k of the
-    largest between-class variance, so the threshold is k + 1: on a page of two levels (a 1-bit
-    scan, a fax) every k below the lighter one ties, argmax takes the darker, and `grey < k` alone
-    would find no ink at all and call the page blank."""
-    hist = np.bincount(grey.ravel(), minlength=256).astype(np.float64)
-    p = hist / hist.sum()
-    omega, mu = np.cumsum(p), np.cumsum(p * np.arange(256))
-    between = (mu[-1] * omega - mu) ** 2 / np.maximum(omega * (1 - omega), 1e-12)
-    return int(np.argmax(between)) + 1
-
-
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (exclusive) indices of the True runs of a 1-D mask."""
-    d = np.diff(np.concatenate(([0], mask.view(np.int8), [0])))
-    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-
-
-def _long_runs(ink: np.ndarray, min_len: int) -> np.ndarray:
-    """Pixels of horizontal runs of ink at least min_len long (rows scanned as one padded line)."""
-    h, w = ink.shape
-    flat = np.concatenate([ink, np.zeros((h, 1), bool)], axis=1).ravel()
-    starts, ends = _runs(flat)
-    keep = (ends - starts) >= min_len
-    out = np.zeros(flat.size + 1, np.int32)
-    np.add.at(out, starts[keep], 1)
-    np.add.at(out, ends[keep], -1)
-    return (np.cumsum(out[:-1]) > 0).reshape(h, w + 1)[:, :w]
-
-
-def ink_mask(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ink, rules): text ink of a grey page, and the long straight strokes (table rules,
-    underlines, frames) taken out of it, grown by 2 px to cover their anti-aliased edges."""
-    if int(grey.max()) - int(grey.min()) < 40:  # a blank or flat page: no ink
-        return np.zeros(grey.shape, bool), np.zeros(grey.shape, bool)
-    ink = grey < otsu(grey)
-    h, w = ink.shape
-    rules = _long_runs(ink, max(40, w // 12)) | _long_runs(ink.T, max(40, h // 18)).T
-    ink &= ~rules
-    ink &= _box_count(ink, 9) >= 12  # dust: isolated specks of a few pixels
-    return ink, _box_count(rules, 5) > 0
-
-
-def _box_count(mask: np.ndarray, k: int) -> np.ndarray:
-    """Number of True pixels in the k x k window around each pixel (an integral image)."""
-    r = k // 2
-    c = np.pad(mask.astype(np.int32), ((r + 1, r), (r + 1, r))).cumsum(0).cumsum(1)
-    return c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]
 
 
 @dataclass
@@ -87,7 +41,7 @@ class _Ctx:
 def _bands(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int, min_h: int) -> list[tuple[int, int]]:
     """Rows with ink in the block, merged across gaps smaller than min_h (i-dots, accents)."""
     rows = ink[y0:y1, x0:x1].any(axis=1)
-    starts, ends = _runs(rows)
+    starts, ends = runs(rows)
     bands: list[list[int]] = []
     for s, e in zip(starts, ends):
         if bands and s - bands[-1][1] < min_h:
@@ -99,7 +53,7 @@ def _bands(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int, min_h: int) -> l
 
 def _gaps(cols: np.ndarray, min_gap: float) -> list[tuple[int, int]]:
     """Runs of empty columns at least min_gap wide, not touching either edge."""
-    starts, ends = _runs(~cols)
+    starts, ends = runs(~cols)
     return [(s, e) for s, e in zip(starts, ends) if e - s >= min_gap and s > 0 and e < cols.size]
 
 
@@ -145,56 +99,9 @@ def _strip_bands(ink: np.ndarray, strips: int = 6):
     w = ink.shape[1]
     for x in np.linspace(0, w, strips + 1).astype(int)[:-1]:
         strip = ink[:, x: x + max(1, w // strips)]
-        starts, ends = _runs(strip.any(axis=1))
+        starts, ends = runs(strip.any(axis=1))
         for s, e in zip(starts, ends):
             yield int(s), int(e), int(x), int(x) + strip.shape[1], int(strip[s:e].sum())
-
-
-GROUND_TILE = 16  # px: tiles in which the ground's tone is judged
-
-
-def _box_sum(a: np.ndarray, k: int) -> np.ndarray:
-    """Sum over the k x k tiles around each tile (edges padded with the edge tiles)."""
-    r = k // 2
-    c = np.pad(a, ((r + 1, r), (r + 1, r)) + ((0, 0),) * (a.ndim - 2), mode="edge").cumsum(0).cumsum(1)
-    return c[k:, k:] - c[:-k, k:] - c[k:, :-k] + c[:-k, :-k]
-
-
-def normalise_ground(grey: np.ndarray) -> np.ndarray:
-    """The page with its ground made white and its ink dark, whatever their tones: text on a grey
-    table header, white text on a dark title bar, coloured slide blocks. A tile's ground is the most
-    common tone of the 5 x 5 tiles around it (80 px: no letter stroke fills that much), or its own
-    tone where it and most of its neighbours are one flat tone (a thin band of colour). A pixel's
-    ink is its distance from its tile's ground, scaled by the contrast that ground leaves room
-    for; a pixel in the tone of a neighbouring tile's ground (a band's edge
-    reaching into the tile) is ground. A plain white page comes back nearly unchanged."""
-    h, w = grey.shape
-    t = GROUND_TILE
-    th, tw = -(-h // t), -(-w // t)
-    padded = np.pad(grey, ((0, th * t - h), (0, tw * t - w)), mode="edge")
-    bins = (padded.reshape(th, t, tw, t).transpose(0, 2, 1, 3).reshape(th * tw, t * t) >> 3).astype(np.int64)
-    bins += (np.arange(th * tw) * 32)[:, None]  # one histogram of 32 tone bins per tile
-    hist = np.bincount(bins.ravel(), minlength=th * tw * 32).reshape(th, tw, 32).astype(np.int32)
-    wide = _box_sum(hist, 5).argmax(-1)  # [th, tw] mode bin of the 80-px neighbourhood
-    own = hist.argmax(-1)
-    flat = hist.max(-1) >= 0.6 * t * t  # one tone covers the tile
-    agree = np.zeros((th, tw), np.int32)
-    po, pf = np.pad(own, 1, mode="edge"), np.pad(flat, 1, mode="edge")
-    for dy in (0, 1, 2):
-        for dx in (0, 1, 2):
-            agree += pf[dy:dy + th, dx:dx + tw] & (np.abs(po[dy:dy + th, dx:dx + tw] - own) <= 2)
-    ground = (np.where(flat & (agree >= 5), own, wide) * 8 + 4).astype(np.int16)
-    g = np.pad(ground, 1, mode="edge")
-    px = padded.astype(np.int16)
-    mine = np.repeat(np.repeat(ground, t, 0), t, 1)
-    dist = np.abs(px - mine)
-    for dy in (0, 1, 2):  # a neighbour's ground reaching into the tile (a band's edge) is ground too
-        for dx in (0, 1, 2):
-            near = np.abs(px - np.repeat(np.repeat(g[dy:dy + th, dx:dx + tw], t, 0), t, 1))
-            np.copyto(dist, near, where=near <= 12)
-    room = np.maximum(mine, 255 - mine).astype(np.float32)
-    out = 255 - np.clip(dist * (255 / room), 0, 255)
-    return out[:h, :w].astype(np.uint8)
 
 
 def segment(grey: np.ndarray) -> tuple[list[Region], np.ndarray]:
@@ -245,7 +152,7 @@ def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> 
             continue
         picture, (t0, t1, c0, c1) = beside
         split = _split_tall(ctx, (t0, t1), c0, c1)
-        at = 0 if picture[0] < c0 else len(split) - 1  # on the row of the text line it stands next to
+        at = next((i for i, (s0, s1) in enumerate(split) if s1 >= picture[3] - 0.5 * ctx.line_h), 0)  # the line it rests on
         lines += [(b0, b1, c0, c1, picture if i == at else None) for i, (b0, b1) in enumerate(split)]
     block = out[-1].block + 1 if out else 0
     row = out[-1].row + 1 if out else 0
@@ -256,20 +163,47 @@ def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> 
         prev_end = b1
         if picture is not None and picture[0] < lx0:
             out.append(Region(picture, block, row, picture=True))
-        for c0, c1 in _cells(ctx, b0, b1, lx0, lx1):
-            box = _tight(ctx, b0, b1, c0, c1)
-            if box is not None:
-                out.append(Region(box, block, row))
+        cells = _cells(ctx, b0, b1, lx0, lx1)
+        stacked = [_cell_lines(ctx, b0, b1, c0, c1) for c0, c1 in cells] \
+            if len(cells) > 1 and b1 - b0 >= 1.7 * ctx.line_h else []
+        if any(len(s) > 1 for s in stacked) and all(_like_lines(ctx, s) for s in stacked if len(s) > 1):
+            # A tall band whose cells hold lines of their own (a letterhead's name beside its
+            # address, a table row with a cell of two lines): the lines of one cell were read as
+            # one tall line. Read cell by cell, each of its lines a row.
+            for (c0, c1), lines_of_cell in zip(cells, stacked):
+                for s0, s1 in lines_of_cell:
+                    box = _tight(ctx, s0, s1, c0, c1)
+                    if box is not None:
+                        out.append(Region(box, block, row))
+                        row += 1
+            row -= 1  # the last cell's last line is the row a picture after it joins
+        else:
+            for c0, c1 in cells:
+                box = _tight(ctx, b0, b1, c0, c1)
+                if box is not None:
+                    out.append(Region(box, block, row))
         if picture is not None and picture[0] >= lx1:
             out.append(Region(picture, block, row, picture=True))
         row += 1
+
+
+def _cell_lines(ctx: _Ctx, b0: int, b1: int, c0: int, c1: int) -> list[tuple[int, int]]:
+    """The lines of one cell of a band: its own row bands, apart where blank rows part them (not
+    cut at a valley as _split_tall cuts: a word in big type would lose its descenders)."""
+    return _bands(ctx.ink, b0, b1, c0, c1, max(2, int(0.25 * ctx.line_h)))
+
+
+def _like_lines(ctx: _Ctx, bands: list[tuple[int, int]]) -> bool:
+    """Bands each about a line high: a cell's lines, not a picture's pieces between blank rows (a
+    photograph's cell cut so read as lines of symbols and letters, which the noise filter kept)."""
+    return all(0.4 * ctx.line_h <= b1 - b0 <= 1.6 * ctx.line_h for b0, b1 in bands)
 
 
 def _sections(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int) -> list[tuple[int, int]]:
     """The block cut at blank bands across its whole width clearly taller than line spacing (1.5
     lines: more than a paragraph's gap, less than what sets a title or a footer apart)."""
     rows = ctx.ink[y0:y1, x0:x1].any(axis=1)
-    starts, ends = _runs(~rows)
+    starts, ends = runs(~rows)
     cuts = [(s, e) for s, e in zip(starts, ends) if e - s >= max(3.0, 1.5 * ctx.line_h) and s > 0 and e < rows.size]
     edges, start = [], 0
     for s, e in cuts:
@@ -301,11 +235,13 @@ def _beside(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int):
     """A band that is text beside a picture at its left or right end (an icon or an image bullet
     before a caption, as HTML manuals print them): (the picture's box, the text's (y0, y1, x0, x1)),
     or None. The picture is a piece set apart by a gap (a word space will do), at least two lines
-    tall, inked in every row (the ends of lines, or footnote marks, have blank rows between them),
-    standing a line or more above or below the text beside it. Cut as one line, the two read as
+    tall, inked in every row and not cut into lines by _split_tall (the ends of lines, footnote
+    marks, words of lines set tight are not), resting on the baseline of the text beside it and
+    standing a line or more above it, as an inline image does. Cut as one line, the two read as
     symbols over the whole line, the caption lost ("self.__........" for "Glue selected objects
-    and make them a COMPOUND object."). A drop cap is as tall as the lines beside it, and a big digit
-    stands beside text of its size: neither is cut off."""
+    and make them a COMPOUND object."). A big letter or digit standing on the line (a raised cap,
+    a chapter's number) is cut off too, and read on its own; a drop cap hangs below its line and
+    stays with it."""
     b0, b1 = band
     if b1 - b0 < 2 * ctx.line_h:
         return None
@@ -321,8 +257,15 @@ def _beside(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int):
     for pic, text in ((pieces[0], pieces[1:]), (pieces[-1], pieces[:-1])):
         p0, p1 = _rows(ctx, b0, b1, *pic)
         t0, t1 = _rows(ctx, b0, b1, text[0][0], text[-1][1])
-        solid = ctx.ink[p0:p1, pic[0]:pic[1]].any(axis=1).all()  # lines' ends, or marks, have blank rows between
-        if solid and p1 - p0 >= 2 * ctx.line_h and (t0 - p0 >= ctx.line_h or p1 - t1 >= ctx.line_h):
+        # An inline picture rests on the text's baseline and stands above it. One that hangs below
+        # the text beside it holds that line's first words over something else (a line merged
+        # into the band of a picture under it).
+        if p1 - p0 < 2 * ctx.line_h or t0 - p0 < ctx.line_h or p1 > t1 + 0.5 * ctx.line_h:
+            continue
+        # Lines' ends or footnote marks have blank rows between them; words of lines set tight,
+        # or a line just above the picture merged into its band, have valleys _split_tall finds.
+        solid = ctx.ink[p0:p1, pic[0]:pic[1]].any(axis=1).all()
+        if solid and len(_split_tall(ctx, (p0, p1), *pic)) == 1:
             return (pic[0], p0, pic[1], p1), (t0, t1, text[0][0], text[-1][1])
     return None
 

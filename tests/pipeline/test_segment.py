@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
@@ -167,3 +169,52 @@ def test_a_drop_cap_or_lines_as_tall_as_the_piece_beside_them_are_not_cut():
     grey, _ = icon_page(80, ["first line beside the big piece", "second line beside the big piece"], top_aligned=True)
     regions, _ = segment(grey)
     assert not any(r.picture for r in regions)
+
+
+def test_a_line_merged_into_a_picture_s_band_is_not_cut_off_with_it():
+    """A line just above an inline picture merges into the picture's band: its first words, over
+    the picture, once went with it as one "picture" (hanging below the rest of the line), and were
+    lost. A picture rests on the line it stands on; one hanging below the text beside it is none."""
+    grey, lines = icon_page(80, ["LEFT JUSTIFIED"])
+    img = Image.fromarray(grey)
+    d = ImageDraw.Draw(img)
+    above = (150, 300 - 32, "Set which part of the text should be placed at the point")
+    d.text(above[:2], above[2], font=FONT, fill=20)  # its descenders reach the picture's frame
+    regions, _ = segment(np.asarray(img))
+    assert not any(r.picture for r in regions)
+
+
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")  # Debian's fonts-dejavu-core
+
+
+@pytest.mark.skipif(not DEJAVU.exists(), reason="DejaVu Sans is not installed (Debian: fonts-dejavu-core)")
+@pytest.mark.parametrize("leading", [1.0, 1.08])
+def test_lines_set_tight_are_never_a_picture(leading):
+    """Lines whose accents and descenders touch (leading 1.0-1.1 in DejaVu Sans) passed for one
+    solid piece two lines tall, standing above the rest: read as a picture, then dropped ("Le
+    présent devis ..." came out "'recemememememe se fait à réception"). They are lines, which
+    _split_tall cuts, and a picture rests on the line beside it."""
+    font = ImageFont.truetype(str(DEJAVU), 28)
+    img = Image.new("L", (1700, 600), 250)
+    d = ImageDraw.Draw(img)
+    for i, line in enumerate(["Le présent devis est valable trois mois; le paiement se fait à réception",
+                              "État des lieux inclus, garantie légale de conformité",
+                              "Électricité et plomberie : forfait (hors taxes)."]):
+        d.text((150, 200 + int(i * 28 * leading)), line, font=font, fill=20)
+    regions, _ = segment(np.asarray(img))
+    assert not any(r.picture for r in regions) and len(regions) == 3
+
+
+def test_a_cell_holding_lines_of_its_own_is_read_line_by_line():
+    """A letterhead: a name in big type beside a three-line address. The band is as tall as the
+    address; its cells were cut, and the address read as one tall line of three."""
+    img = Image.new("L", (1700, 800), 250)
+    d = ImageDraw.Draw(img)
+    d.text((150, 270), "ACME Ltd", font=ImageFont.load_default(size=110), fill=90)
+    address = [(1100, 290 + 36 * i, t) for i, t in enumerate(["Adresse", "CP Ville", "courriel@domaine.tld"])]
+    for x, y, t in address:
+        d.text((x, y), t, font=FONT, fill=20)
+    regions, _ = segment(np.asarray(img))
+    assert len(regions) == 4 and all(r.box[3] - r.box[1] < 40 for r in regions[1:])
+    assert [r.row for r in regions] == sorted({r.row for r in regions})  # a row each, name first
+    assert [texts_in_order([r], address)[0] for r in regions[1:]] == ["Adresse", "CP Ville", "courriel@domaine.tld"]

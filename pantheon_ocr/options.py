@@ -215,6 +215,9 @@ class PipelineOptions:
                                       cli_name="format")
     page_files: bool = option(False, "Also write one file per page.")
     overwrite: bool = False  # else documents whose outputs exist (from the same source) are skipped
+    # A document the run does not finish is written with the pages read so far (pipeline/run.py);
+    # off where the outputs go to a scratch folder that does not outlive the run (transcribe -o -).
+    keep_unfinished: bool = True
     pages: str | None = option(None, "Pages to read in every document, counted from 1: e.g. 1-3,7; 5- is page 5 to "
                                      "the last, -3 is pages 1 to 3.", kind="str")
     password: str | None = option(None, "Password for encrypted PDFs.", kind="str")

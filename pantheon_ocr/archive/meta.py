@@ -5,7 +5,9 @@ A mixin of `state.JobState` (self.db is its connection), kept apart so each file
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 
 from ..errors import JobError, path_text
 from .sqlite import Txn
@@ -46,21 +48,41 @@ class MetaMixin:
         self._set_meta("recover_outputs", None)
 
     def claim(self, name: str, job_file, write: bool = True) -> None:
-        """This state is job `name`'s: the first run of a state (or of one made by a version that
-        did not keep the name) writes it (unless not `write`: status and reports read only); a
-        job of another name is refused (JobError). Two job files naming one `state =` (a job
-        file copied, its `state` left) mixed their documents, runs and reports in it, and each
-        run counted the other's documents as gone."""
-        owner = self._meta("job")
-        if owner is None:
-            if not write:
-                return
-            self._set_meta("job", name)
-            self._set_meta("job_file", str(job_file))
-        elif owner != name:
-            other = self._meta("job_file")
-            raise JobError(f"{path_text(self.path)}: this is the state of job {owner!r}"
-                           + (f" ({path_text(other)})" if other else "") + f", not of job {name!r} "
-                           f"({path_text(job_file)}): two jobs sharing a state mix their documents, runs and reports; "
-                           f"give this job a `state =` of its own, or, if it is job {owner!r} renamed, "
-                           f"set name = {json.dumps(owner)} in {path_text(job_file)}")
+        """This state is job `name`'s, of `job_file`: the first run of a state (or of one made by a
+        version that did not keep the name) writes both, in one transaction; a later run of the
+        job from a file moved or renamed (the one recorded is gone) writes the new file. Refused
+        (JobError): a job of another name, and a second job file of the same name while the one
+        recorded is still there (a job file copied, its `state` left): two jobs mixed their
+        documents, runs and reports in one state, and each run counted the other's documents as
+        gone. `write` False (status, reports): read only."""
+        job_file = str(job_file)
+        with Txn(self.db) if write else contextlib.nullcontext():
+            owner, recorded = self._meta("job"), self._meta("job_file")
+            if owner is not None and (owner != name or _another_file(recorded, job_file)):
+                raise JobError(_foreign(self.path, owner, recorded, name, job_file))
+            if write and (owner, recorded) != (name, job_file):
+                for key, value in (("job", name), ("job_file", job_file)):
+                    self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+def _another_file(recorded: str | None, job_file: str) -> bool:
+    """The recorded job file is still there and is not `job_file` (a copy, not a move)."""
+    if not recorded or recorded == job_file or not os.path.exists(recorded):
+        return False
+    try:
+        return not os.path.samefile(recorded, job_file)
+    except OSError:
+        return True
+
+
+def _foreign(state, owner: str, recorded: str | None, name: str, job_file: str) -> str:
+    where = f" ({path_text(recorded)}{'' if recorded and os.path.exists(recorded) else ', no longer there'})" \
+        if recorded else ""
+    if owner != name:
+        return (f"{path_text(state)}: this is the state of job {owner!r}{where}, not of job {name!r} "
+                f"({path_text(job_file)}): two jobs sharing a state mix their documents, runs and reports; give this "
+                f"job a `state =` of its own, or, if it is job {owner!r} renamed, set name = {json.dumps(owner)} in "
+                f"{path_text(job_file)}")
+    return (f"{path_text(state)}: this is the state of job {owner!r} of {path_text(recorded)}, which is still there, "
+            f"and {path_text(job_file)} names it too: two job files sharing a state mix their documents, runs and "
+            f"reports; give this one a `state =` of its own (or remove the other if this one replaces it)")

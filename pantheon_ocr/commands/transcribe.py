@@ -79,7 +79,8 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         echo_notes(reader.notes)
         bar = progress_bar(written="read" if to_stdout else "written") if progress else None
         try:
-            summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing)
+            summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing,
+                                        keep_unfinished=not to_stdout)
         except RunInterrupted as stopped:  # said with what was done, exit 130
             summary = stopped.summary
             stopping.note()

@@ -3,7 +3,7 @@
     main thread      plan (skip done documents, count pages in a worker)
     stage threads    render -> vision -> prefill + batched decode (stages.py)
     main thread      collects page results, writes each document atomically as soon as all
-                     its pages are in
+                     its pages are in (and one under way at checkpoints, below)
 
 Memory is bounded by the queue sizes, not by document length: at most `2 * render_workers`
 pages inside the render pool, `render_queue` rendered pages, one image in the vision stage,
@@ -26,6 +26,7 @@ stopped at page 1,901 lost all 1,901 before.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -46,6 +47,8 @@ from .stages import POLL, StageCrashed, Stages
 from .types import (NO_SELECTED_PAGE, NOT_READ, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
                     RunSummary)
 
+
+log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 0.5  # seconds between two progress reports while pages are under way
 CHECKPOINT_EVERY = 300.0  # seconds between two writes of a document under way (a kill loses at most this)
@@ -71,9 +74,11 @@ class _DocState:
     note: str = ""  # said with its outcome: selected pages it does not have
     kept: int = 0  # of results: pages kept from its outputs (readback.py), counted once they are written again
     pages: list[int] = field(default_factory=list)  # the selected pages, 1-based
-    saved_at: float = field(default_factory=time.perf_counter)  # its outputs' last partial write (or its start)
+    saved_at: float | None = None  # its outputs' last partial write, or its first page's arrival
     saved: int = 0  # results when they were last written partially
+    saved_ok: int = 0  # of those, pages with text (the others are read again)
     outputs: tuple = ()  # written partially, so far
+    save_error: str = ""  # why its last partial write failed
 
 
 def run_pipeline(
@@ -157,14 +162,23 @@ class _Run:
         finally:
             self._shutdown()
             for state in self.states.values():  # a crash too: what was read is kept, then it is raised
-                self._save_partial(state)
+                try:
+                    self._save_partial(state)
+                except KeyboardInterrupt:  # stopped again: the others stay as they are on disk
+                    interrupted = True
+                    break
+                except Exception:  # noqa: BLE001 - never in place of what ended the run
+                    log.exception("%s: its pages read could not be written", state.doc.path)
         for doc in self.documents:
             if doc.doc_id not in self.outcomes:
                 state = self.states.get(doc.doc_id)
                 note = "stopped before it was complete"
                 if state is not None and state.outputs:
-                    left = state.expected - state.saved
-                    note += (f": {state.saved} of {state.expected} pages written, the next run reads the other {left}")
+                    left = state.expected - state.saved_ok
+                    note += (f": {state.saved_ok} of {state.expected} pages written, the next run reads the other "
+                             f"{left}" + (" unless it overwrites again" if self.options.overwrite else ""))
+                if state is not None and state.save_error:
+                    note += f"; its pages read could not be written: {state.save_error}"
                 self.outcomes[doc.doc_id] = DocumentOutcome(
                     doc, "interrupted", state.outputs if state else (), n_pages=state.expected if state else 0, note=note
                 )
@@ -302,6 +316,8 @@ class _Run:
         if len(state.results) == state.expected:
             self._finish(state)
             del self.states[result.doc.doc_id]
+        elif state.saved_at is None:  # the clock starts with its first page, not with the run
+            state.saved_at = time.perf_counter()
         elif time.perf_counter() - state.saved_at >= CHECKPOINT_EVERY:
             self._save_partial(state)
         self._progress()
@@ -309,31 +325,38 @@ class _Run:
     def _save_partial(self, state: _DocState) -> None:
         """Write a document the run has not finished (module docstring): the pages read so far, the
         others marked NOT_READ. Left as it is on disk when nothing new was read since its last
-        write, nothing was read at all, it changed meanwhile, or the caller writes (archive jobs
-        record every page in their state). A page with image regions counts as not read: its
-        crops are made as the document is finished, and a stopped run does not wait for them."""
+        write, nothing was read at all, it changed meanwhile, the caller writes (archive jobs
+        record every page in their state), the outputs are a scratch folder (keep_unfinished), or
+        none of them can be read back (txt alone records no page: the next run reads it all). A
+        page with image regions counts as not read: its crops are made as the document is
+        finished, and a stopped run does not wait for them. No page files: the next run needs
+        the Markdown or the JSONL only, and a long document's page files took seconds a write."""
         state.saved_at = time.perf_counter()
-        doc = state.doc
+        doc, opts = state.doc, self.options
         read = [r for r in state.results if r.error is not None or not find_boxes(r.text)]
-        if not self.write_outputs or len(read) <= state.saved or changed_since(doc, state.stamp) \
-                or not any(r.error is None or r.from_text_layer for r in read):
+        ok = sum(r.error is None or r.from_text_layer for r in read)
+        if not (self.write_outputs and opts.keep_unfinished and {"md", "jsonl"} & set(opts.formats)) \
+                or len(read) <= state.saved or not ok or changed_since(doc, state.stamp):
             return
         have = {r.page for r in read}
         stand_ins = [PageResult(doc, page, "", 0, None, NOT_READ) for page in state.pages if page not in have]
         try:
-            state.outputs = tuple(write_document(state.paths, read + stand_ins, self.options.formats,
-                                                 self.options.page_files, self.sources.get(doc.doc_id)))
-        except OSError:  # said when the document is finished, or is not: it stays unwritten
+            state.outputs = tuple(write_document(state.paths, read + stand_ins, opts.formats, False,
+                                                 self.sources.get(doc.doc_id)))
+        except OSError as e:  # said with its outcome; a later write may still succeed
+            state.save_error = e.strerror or str(e)
             return
-        state.saved = len(read)
+        state.saved, state.saved_ok, state.save_error = len(read), ok, ""
 
     def _finish(self, state: _DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)
         state.changed = state.changed or changed_since(doc, state.stamp)
         if state.changed:  # pages of two versions, or of one no longer there: none of them is written
+            written = ("its outputs hold the pages read before, of the earlier version" if state.outputs
+                       else "nothing written")
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=(
                 PageFailure(str(doc.path), None, f"changed while it was being read ({state.changed}): "
-                                                 "nothing written, run again to read the new version"),), note=state.note)
+                                                 f"{written}; run again to read the new version"),), note=state.note)
             return
         if self.fallback is not None and self.options.fallback_in_pipeline:
             results = self.fallback.apply(results, self.stop)

@@ -21,7 +21,7 @@ from .inputs import Document
 STAGES = ("render", "vision", "prefill", "decode")  # keys of PageResult.seconds
 TEXT_LAYER = "text-layer"  # finish_reason of a failed page whose text is the PDF's own text layer
 MODEL = "model"  # a page's source when the model read it; TEXT_LAYER when its text is the PDF's own
-NOT_READ = "not read: the run stopped before this page"  # a page of a document the run left unfinished
+NOT_READ = "not read: the run did not get to this page"  # a page of a document the run left unfinished
 
 
 @runtime_checkable

@@ -313,3 +313,23 @@ def test_a_state_from_before_the_name_was_kept_is_claimed_by_its_next_run(tmp_pa
     assert job_status(load_job(job))["runs"] and sql(job, "SELECT value FROM meta WHERE key='job'") == []
     assert run_job(load_job(job), Counting()).exit_code == ExitCode.OK
     assert sql(job, "SELECT value FROM meta WHERE key IN ('job', 'job_file') ORDER BY key") == [("job",), (str(job),)]
+
+
+def test_a_job_file_copied_with_its_name_is_refused_and_a_moved_one_runs_on(tmp_path):
+    """The name alone let a copy of the job file (its `name` and `state` kept, other inputs) share
+    the state; the job file the state records tells a copy (still there) from a move (gone), and
+    a moved job's state records its new place."""
+    import shutil
+
+    job = done_job(tmp_path)
+    (tmp_path / "copy").mkdir()
+    copied = write_job(tmp_path / "copy", {"name": "job", "state": str(tmp_path / "job.sqlite")})
+    one_error(copied, "run", ExitCode.BAD_ARGUMENTS, f"this is the state of job 'job' of {job}, which is still there, "
+              f"and {copied} names it too")
+    moved = tmp_path / "moved.toml"
+    text = job.read_text().replace('inputs = ["in"]', f'inputs = ["{tmp_path / "in"}"]')
+    moved.write_text(f'name = "job"\nstate = "{tmp_path / "job.sqlite"}"\n'
+                     + text.replace('output = "out"', f'output = "{tmp_path / "out"}"'))
+    job.unlink()
+    assert run_job(load_job(moved), Counting()).exit_code == ExitCode.OK
+    assert sql(moved, "SELECT value FROM meta WHERE key='job_file'") == [(str(moved),)]

@@ -21,7 +21,7 @@ from fake_engine import (SAMPLES, CrashingRender, FakeEngine, expected_text, mak
 from pantheon_ocr.errors import ExitCode, UsageError
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.engine.sampling import SamplingOptions
-from pantheon_ocr.pipeline.types import PageEngine, PipelineOptions, Seq
+from pantheon_ocr.pipeline.types import NOT_READ, PageEngine, PipelineOptions, Seq
 from pantheon_ocr.pipeline.inputs import expand_inputs
 
 ms = make_samples_module()
@@ -557,12 +557,10 @@ def test_ctrl_c_keeps_finished_documents_and_the_pages_read_of_the_others(tmp_pa
     unread = [p for p in range(1, 26) if p not in read]
     assert 0 < len(read) < 25 and summary.documents[1].note == (
         f"stopped before it was complete: {len(read)} of 25 pages written, the next run reads the other {len(unread)}")
-    assert summary.documents[1].outputs[-2:] == (out / "second.jsonl", out / "second.md")  # its page files first
-    markers = re.findall(r"^<!-- page (\d+)( failed: not read: the run stopped before this page)? -->$",
-                         (out / "second.md").read_text(), re.M)
+    assert summary.documents[1].outputs == (out / "second.jsonl", out / "second.md")  # no page files: not needed
+    markers = re.findall(rf"^<!-- page (\d+)( failed: {NOT_READ})? -->$", (out / "second.md").read_text(), re.M)
     assert [(int(p), bool(f)) for p, f in markers] == [(p, p in unread) for p in range(1, 26)]
-    assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md", "second", "second.jsonl",
-                                                     "second.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["first", "first.jsonl", "first.md", "second.jsonl", "second.md"]
     assert no_temp_files(out) and not render_children()
     # the next run skips the finished document and reads only the pages the other lacks
     engine = FakeEngine(n_tokens=lambda f: 5)
@@ -578,23 +576,27 @@ def test_ctrl_c_keeps_finished_documents_and_the_pages_read_of_the_others(tmp_pa
 def test_a_document_under_way_is_written_every_checkpoint_against_a_kill(tmp_path, monkeypatch):
     """kill -9 (the OOM killer, a reboot) gives the run no time to write anything: a document
     under way has its pages so far written every CHECKPOINT_EVERY seconds, so a kill loses at
-    most that much reading. Nothing is written while nothing new was read."""
+    most that much reading; the clock starts with its first page, not with the run. Without
+    page files (the next run reads the Markdown or the JSONL), and never for txt alone."""
     from pantheon_ocr.pipeline import run as pipeline_run
 
     monkeypatch.setattr(pipeline_run, "CHECKPOINT_EVERY", 0.0)
     doc = write_pdf(tmp_path / "in", "a.pdf", 6, doc_no=1)
-    seen = []
-    md = tmp_path / "out" / "a.md"
+    md, seen = tmp_path / "out" / "a.md", []
 
-    def on_step(n):  # what a kill at this step would leave on disk
-        if md.exists():
-            seen.append(md.read_text().count("failed: not read"))
+    def on_progress(p):  # what a kill after this page would leave on disk (called after each page)
+        if md.exists() and (not seen or seen[-1][0] != p.pages_done):
+            seen.append((p.pages_done, md.read_text().count("failed: not read"), (tmp_path / "out" / "a").exists()))
 
-    summary = run_pipeline(expand_inputs([str(doc)]), FakeEngine(on_step=on_step, n_tokens=lambda f: 3),
-                           options(tmp_path, batch_size=1))
-    assert summary.documents[0].status == "written" and "not read" not in md.read_text()
-    assert seen and seen[0] == 5 and seen == sorted(seen, reverse=True) and min(seen) == 1  # each page kept as read
-    assert md_body(md) == md_expected([(1, p) for p in range(1, 7)], n_tokens=3)
+    summary = run_pipeline(expand_inputs([str(doc)]), FakeEngine(n_tokens=lambda f: 3),
+                           options(tmp_path, batch_size=1, page_files=True), on_progress=on_progress)
+    assert summary.documents[0].status == "written" and md_body(md) == md_expected([(1, p) for p in range(1, 7)], n_tokens=3)
+    # page 1 starts the clock; from page 2 each page is written as it comes, without page files
+    assert seen == [(2, 4, False), (3, 3, False), (4, 2, False), (5, 1, False), (6, 0, True)]
+    txt = tmp_path / "txt"
+    run_pipeline(expand_inputs([str(doc)]), FakeEngine(n_tokens=lambda f: 3), options(txt, formats=("txt",)),
+                 on_progress=lambda p: seen.append((txt / "out" / "a.txt").exists() and p.pages_done < 6))
+    assert not any(seen[5:])  # txt records no page: the next run reads it all, so nothing is kept early
 
 
 class BrokenEngine(FakeEngine):
@@ -630,3 +632,31 @@ def test_an_animated_image_s_outcome_says_its_other_frames_are_not_read(tmp_path
     second = run_pipeline(expand_inputs([str(path)]), FakeEngine(), options(tmp_path, pages="2"))
     assert second.documents[0].failures[0].reason == ("none of the selected pages (2) exists: the document has 1 page "
                                                       "(an animated image: only its first frame of 3 is read)")
+
+
+@pytest.mark.parametrize("how", ["scratch", "overwrite"])
+def test_an_unfinished_document_is_not_kept_in_a_scratch_folder_and_said_so_when_overwriting(tmp_path, how):
+    """transcribe -o - writes to a scratch folder that goes with the run: the pages read of a
+    document it did not finish are not kept there (they were printed, "not read" marks and all,
+    and the summary promised a next run that reads only the rest). A run that overwrites keeps
+    them, and says that a next run that overwrites again reads it all."""
+    second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+    fired = []
+
+    def on_step(n):
+        if n == 20 and not fired:
+            fired.append(n)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    opts = dict(keep_unfinished=False) if how == "scratch" else dict(overwrite=True)
+    summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=on_step,
+                                                                   n_tokens=lambda f: 5), options(tmp_path, **opts))
+    (outcome,) = summary.documents
+    assert summary.interrupted and outcome.status == "interrupted"
+    if how == "scratch":
+        assert outcome.outputs == () and outcome.note == "stopped before it was complete"
+        assert not (tmp_path / "out" / "second.md").exists()
+    else:
+        assert outcome.outputs == (tmp_path / "out" / "second.md",)
+        assert outcome.note.endswith(" pages written, the next run reads the other "
+                                     f"{25 - summary.pages_done} unless it overwrites again")

@@ -34,6 +34,7 @@ SEGMENT_MODES = ("page", "blocks", "lines")  # read whole pages, or cut them int
 FORMATS = ("md", "jsonl", "txt")
 TEXT_LAYER_MODES = ("ocr", "prefer", "fallback")  # what a PDF's own text layer is used for
 MAX_THREADS = 512  # threads or render processes: more is a typo, and each costs a start and memory
+THREADS_DEFAULT = "every core this process may use, within a container's CPU quota"  # engine/threads.cpu_count
 OVERLAP_WORDS = {None: "auto", True: "on", False: "off"}  # PipelineOptions.overlap as the benchmarks spell it
 MAX_LONGEST_EDGE = 10000  # px: a page rendered larger is hundreds of MB and tens of thousands of image tokens
 PREFILL_CHUNK = 512  # prompt tokens per prefill step: a Letter page's ~2,330-token prompt is 5 chunks
@@ -192,7 +193,8 @@ class EngineOptions:
                                                "decoding never wait for a whole page's prompt.", lo=1)
     gpu_prefill: bool = option(False, "Run the prefill projections on the torch --device (weights uploaded once).")
     gpu_decode: bool = option(False, "Run the batched decode matmuls on the torch --device.")
-    threads: int | None = option(None, "Math threads in all (default: every core this process may use, within a container's CPU quota).", kind="int", lo=1, hi=MAX_THREADS)
+    threads: int | None = option(None, f"Math threads in all (default: {THREADS_DEFAULT}).", kind="int", lo=1,
+                                 hi=MAX_THREADS)
     # Benchmarks only (figures quoted from these must say so): the first N layers of a tower, the
     # naive attention reference, and pages that always run to max_tokens.
     vision_layers: int | None = option(None, "Run only the first N vision layers.", kind="int", lo=1, cli=False, job=False)

@@ -348,4 +348,4 @@ def _first_reply(conn: socket.socket) -> bytes | None:
 
 
 REACH_TIMEOUT = 10.0  # seconds for a cluster's address to answer
-REPLY_TIMEOUT = 5.0  # seconds for it to answer HTTP/2's opening
+REPLY_TIMEOUT = 10.0  # seconds for it to answer HTTP/2's opening (a GCS sends its SETTINGS as it accepts)

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from ..errors import ExitCode, ModelError, UsageError, WriteError, path_text
-from ..options import (MAX_THREADS, OVERLAP_WORDS, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
+from ..options import (MAX_THREADS, OVERLAP_WORDS, THREADS_DEFAULT, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
                        SamplingOptions, spec)
 from .common import sigterm_as_interrupt
 from .options import table_options
@@ -180,7 +180,7 @@ def generate(models, weights, prefill_tokens, decode_tokens, json_path) -> None:
 @vision_dtypes_option
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off",
               show_default=True, help="Prefill attention: on = blocked, off = naive; on,off runs both.")
-@click.option("--threads", default=None, help="Math threads per configuration, e.g. 1,2 (default: every core).")
+@click.option("--threads", default=None, help=f"Math threads per configuration, e.g. 1,2 (default: {THREADS_DEFAULT}).")
 @click.option("--q-block", "q_blocks", default=None, help="Flash query rows per tile, e.g. 32,256 (default: the engine's).")
 @click.option("--vision-layers", type=click.IntRange(1), help="Run only N vision layers; full depth estimated.")
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
@@ -260,7 +260,7 @@ def _ocr_line(r: dict, header: bool) -> None:
 @click.option("--context", default=256, show_default=True, type=click.IntRange(1),
               help="Cached positions per sequence (a short page's prompt).")
 @click.option("--steps", default=8, show_default=True, type=click.IntRange(1), help="Timed steps (median).")
-@click.option("--threads", default=None, help="BLAS threads per configuration, e.g. 1,2.")
+@click.option("--threads", default=None, help=f"Math threads per configuration, e.g. 1,2 (default: {THREADS_DEFAULT}).")
 @click.option("--text-layers", type=click.IntRange(1), help="Run only N decoder layers; full depth estimated.")
 @table_options(EngineOptions, "kv_dtype")
 @click.option("--decode-kernel", default="on", show_default=True,
@@ -325,7 +325,7 @@ def decode(model, weights, batch_sizes, context, steps, threads, text_layers, kv
 @click.option("--flash", default="on" if spec(EngineOptions, "attention").default == "flash" else "off", show_default=True, help="e.g. on,off")
 @click.option("--overlap", default=OVERLAP_WORDS[spec(PipelineOptions, "overlap").default],
               show_default=True, help="e.g. auto,on,off (auto: where the engine says it pays)")
-@click.option("--threads", default=None, help="Math threads in all, e.g. 1,2 (default: every core this process may use, within a container's CPU quota).")
+@click.option("--threads", default=None, help=f"Math threads in all, e.g. 1,2 (default: {THREADS_DEFAULT}).")
 @table_options(EngineOptions, "vision_backend", "device", "kv_dtype", "prefill_chunk")
 @vision_dtypes_option
 @click.option("--gpu-prefill", default="on" if spec(EngineOptions, "gpu_prefill").default else "off",

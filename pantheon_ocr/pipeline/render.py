@@ -79,7 +79,7 @@ def _animation_frames(img: Image.Image) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return max(1, int(getattr(img, "n_frames", 1)))
+            return max(1, int(img.n_frames))  # each of the three plugins counts its frames
         except Exception:  # noqa: BLE001 - a damaged animation: its first frame is still read
             return 1
 

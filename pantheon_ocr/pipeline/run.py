@@ -19,7 +19,7 @@ raising, so the caller can still report what was done.
 
 An unfinished document keeps the pages read so far: when the run stops (Ctrl-C, SIGTERM, a
 crash), and every CHECKPOINT_EVERY seconds while it is read (against `kill -9` and the OOM
-killer), its outputs are written with the pages not yet read marked failed (NOT_READ). The next
+killer), its outputs are written with the pages not yet read marked failed (unfinished.py). The next
 run reads only those and keeps the rest (readback.py), as for pages that failed: a 3,000-page PDF
 stopped at page 1,901 lost all 1,901 before.
 """
@@ -30,28 +30,27 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .files import changed_since, file_stamp
 from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
-from .figures import FigureCropper, find_boxes
-from .naming import OutputPaths, claim_all, plan_output_paths
+from .figures import FigureCropper
+from .naming import claim_all, plan_output_paths
 from .outputs import write_document
 from .readback import read_pages
 from .regions import for_options
 from .render import open_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
-from .types import (NO_SELECTED_PAGE, NOT_READ, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
+from .unfinished import CHECKPOINT_EVERY, DocState, save_unfinished
+from .types import (NO_SELECTED_PAGE, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
                     RunSummary)
 
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 0.5  # seconds between two progress reports while pages are under way
-CHECKPOINT_EVERY = 300.0  # seconds between two writes of a document under way (a kill loses at most this)
 
 
 def iter_queue(q: queue.Queue):
@@ -61,24 +60,6 @@ def iter_queue(q: queue.Queue):
             yield q.get_nowait()
         except queue.Empty:
             return
-
-
-@dataclass
-class _DocState:
-    doc: Document
-    paths: OutputPaths
-    expected: int
-    results: list[PageResult] = field(default_factory=list)
-    stamp: tuple | None = None  # the file as planned (file_stamp): a change while reading fails the document
-    changed: str | None = None  # how it changed, once seen
-    note: str = ""  # said with its outcome: selected pages it does not have
-    kept: int = 0  # of results: pages kept from its outputs (readback.py), counted once they are written again
-    pages: list[int] = field(default_factory=list)  # the selected pages, 1-based
-    saved_at: float | None = None  # its outputs' last partial write, or its first page's arrival
-    saved: int = 0  # results when they were last written partially
-    saved_ok: int = 0  # of those, pages with text (the others are read again)
-    outputs: tuple = ()  # written partially, so far
-    save_error: str = ""  # why its last partial write failed
 
 
 def run_pipeline(
@@ -137,7 +118,7 @@ class _Run:
         self.figures = FigureCropper(options.password, options.render_timeout, start_method)  # bbox models' image regions
         self.stages: Stages | None = None
         self.outcomes: dict[str, DocumentOutcome] = {}
-        self.states: dict[str, _DocState] = {}
+        self.states: dict[str, DocState] = {}
         self.tasks: list[PageTask] = []
         self.pages_done = self.pages_failed = self.tokens = self.pages_cut = self.pages_from_text_layer = 0
         self.pages_kept = 0  # pages kept from the outputs of documents written again (readback.py)
@@ -163,7 +144,7 @@ class _Run:
             self._shutdown()
             for state in self.states.values():  # a crash too: what was read is kept, then it is raised
                 try:
-                    self._save_partial(state)
+                    save_unfinished(state, self.options, self.sources.get(state.doc.doc_id), self.write_outputs)
                 except KeyboardInterrupt:  # stopped again: the others stay as they are on disk
                     interrupted = True
                     break
@@ -241,7 +222,7 @@ class _Run:
                 again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
                               else f"{said} not finished last time and is not selected now: {kept_said}" if keep
                               else f"read again: {said} not finished last time")
-            state = self.states[doc.doc_id] = _DocState(
+            state = self.states[doc.doc_id] = DocState(
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
                 pages=[i + 1 for i in pages], saved=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
@@ -261,7 +242,7 @@ class _Run:
         for task in tasks:
             state = self.states.get(task.doc.doc_id)
             if state is None:
-                state = self.states[task.doc.doc_id] = _DocState(task.doc, self.paths[task.doc.doc_id], 0,
+                state = self.states[task.doc.doc_id] = DocState(task.doc, self.paths[task.doc.doc_id], 0,
                                                                  stamp=file_stamp(task.doc))
             state.expected += 1
             state.pages.append(task.page_index + 1)
@@ -319,36 +300,10 @@ class _Run:
         elif state.saved_at is None:  # the clock starts with its first page, not with the run
             state.saved_at = time.perf_counter()
         elif time.perf_counter() - state.saved_at >= CHECKPOINT_EVERY:
-            self._save_partial(state)
+            save_unfinished(state, self.options, self.sources.get(state.doc.doc_id), self.write_outputs)
         self._progress()
 
-    def _save_partial(self, state: _DocState) -> None:
-        """Write a document the run has not finished (module docstring): the pages read so far, the
-        others marked NOT_READ. Left as it is on disk when nothing new was read since its last
-        write, nothing was read at all, it changed meanwhile, the caller writes (archive jobs
-        record every page in their state), the outputs are a scratch folder (keep_unfinished), or
-        none of them can be read back (txt alone records no page: the next run reads it all). A
-        page with image regions counts as not read: its crops are made as the document is
-        finished, and a stopped run does not wait for them. No page files: the next run needs
-        the Markdown or the JSONL only, and a long document's page files took seconds a write."""
-        state.saved_at = time.perf_counter()
-        doc, opts = state.doc, self.options
-        read = [r for r in state.results if r.error is not None or not find_boxes(r.text)]
-        ok = sum(r.error is None or r.from_text_layer for r in read)
-        if not (self.write_outputs and opts.keep_unfinished and {"md", "jsonl"} & set(opts.formats)) \
-                or len(read) <= state.saved or not ok or changed_since(doc, state.stamp):
-            return
-        have = {r.page for r in read}
-        stand_ins = [PageResult(doc, page, "", 0, None, NOT_READ) for page in state.pages if page not in have]
-        try:
-            state.outputs = tuple(write_document(state.paths, read + stand_ins, opts.formats, False,
-                                                 self.sources.get(doc.doc_id)))
-        except OSError as e:  # said with its outcome; a later write may still succeed
-            state.save_error = e.strerror or str(e)
-            return
-        state.saved, state.saved_ok, state.save_error = len(read), ok, ""
-
-    def _finish(self, state: _DocState) -> None:
+    def _finish(self, state: DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)
         state.changed = state.changed or changed_since(doc, state.stamp)
         if state.changed:  # pages of two versions, or of one no longer there: none of them is written

@@ -330,7 +330,7 @@ def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypa
     """auto with torch weights: the KV cache auto takes, the decode and prompt attention, the products and
     the prompt's row operations, each one note (the CLI's one line shows what they chose, -v why); an explicit float32 cache has no
     attention kernel, but its steps' products are still said."""
-    from pantheon_ocr.engine import loader
+    from pantheon_ocr.engine import loader, threads
     from pantheon_ocr.engine.backends import bf16_attention
     from pantheon_ocr.engine.backends.products import products as products_of
     from pantheon_ocr.engine.backends.rows import rows_why
@@ -346,14 +346,16 @@ def test_the_plan_says_which_kv_cache_decode_attention_and_products_run(monkeypa
     assert [n.split(" (", 1)[0] for n in why] == [f"KV cache: {kv}", f"decode attention: {built.why.split(' (')[0]}",
                                                   f"prompt attention: {prompt.split(' (')[0]}",
                                                   f"products: {products.why.split(' (')[0]}",
-                                                  f"prompt rows: {rows_why().split(' (')[0]}"]
+                                                  f"prompt rows: {rows_why().split(' (')[0]}",
+                                                  f"threads: {threads.cpu_count()}"]
     monkeypatch.setattr(native, "decode_attention", lambda: native.Built(None, "torch's products (no compiler)"))
     _, why = loader.plan_auto(options)
     assert why[:2] == ["KV cache: bfloat16 (torch's decode products read bfloat16 fastest)",
                        "decode attention: torch's products (no compiler)"]
     _, why = loader.plan_auto(EngineOptions(tmp_path / "m.gguf", tmp_path / "p.gguf", weights="int8",
                                             kv_dtype="float32"))
-    assert why == [f"products: {products.why}", f"prompt rows: {rows_why()}"]
+    assert why == [f"products: {products.why}", f"prompt rows: {rows_why()}", f"threads: {threads.cpu_count()} "
+                                                                                f"({threads.cores()[1]})"]
 
 
 def test_a_library_says_what_runs_in_its_place(tmp_path):

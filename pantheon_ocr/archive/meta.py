@@ -22,11 +22,15 @@ class MetaMixin:
         return row[0] if row else None
 
     def _set_meta(self, key: str, value: str | None) -> None:
-        with Txn(self.db) as db:
-            if value is None:
-                db.execute("DELETE FROM meta WHERE key=?", (key,))
-            else:
-                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        with Txn(self.db):
+            self._put_meta(key, value)
+
+    def _put_meta(self, key: str, value: str | None) -> None:
+        """_set_meta inside the caller's transaction."""
+        if value is None:
+            self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+        else:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def reading(self) -> dict | None:
         """The reading settings of the last run (reading.py), None before the first."""
@@ -61,8 +65,8 @@ class MetaMixin:
             if owner is not None and (owner != name or _another_file(recorded, job_file)):
                 raise JobError(_foreign(self.path, owner, recorded, name, job_file))
             if write and (owner, recorded) != (name, job_file):
-                for key, value in (("job", name), ("job_file", job_file)):
-                    self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+                self._put_meta("job", name)
+                self._put_meta("job_file", job_file)
 
 
 def _another_file(recorded: str | None, job_file: str) -> bool:

@@ -20,8 +20,8 @@ from pathlib import Path
 import click
 
 from ..errors import ExitCode, ModelError, UsageError, WriteError, path_text
-from ..options import (MAX_THREADS, OVERLAP_WORDS, THREADS_DEFAULT, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions, PipelineOptions,
-                       SamplingOptions, spec)
+from ..options import (MAX_THREADS, OVERLAP_WORDS, THREADS_DEFAULT, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions,
+                       PipelineOptions, SamplingOptions, spec)
 from .common import sigterm_as_interrupt
 from .options import table_options
 

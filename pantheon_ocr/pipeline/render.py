@@ -1,8 +1,9 @@
 """Documents -> page images, at the model's target size.
 
-`count_pages` opens a document; `render_page` produces one RGB page image whose longer side is
-the model's target. PDFs are rasterised by PDFium straight at that size so the image is never
-resampled twice; images go through PIL with the usual clean-ups.
+`open_pages` opens a document and counts its pages (`count_pages`: the count alone);
+`render_page` produces one RGB page image whose longer side is the model's target. PDFs are
+rasterised by PDFium straight at that size so the image is never resampled twice; images go
+through PIL with the usual clean-ups.
 
 PDFium is neither thread-safe nor crash-proof, so the pipeline calls these in worker processes
 (see `render_pool.py`); inside one process every PDFium call holds `_PDFIUM_LOCK`.

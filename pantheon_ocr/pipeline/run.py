@@ -144,7 +144,7 @@ class _Run:
             self._shutdown()
             for state in self.states.values():  # a crash too: what was read is kept, then it is raised
                 try:
-                    save_unfinished(state, self.options, self.sources.get(state.doc.doc_id), self.write_outputs)
+                    self._save_unfinished(state)
                 except KeyboardInterrupt:  # stopped again: the others stay as they are on disk
                     interrupted = True
                     break
@@ -300,8 +300,11 @@ class _Run:
         elif state.saved_at is None:  # the clock starts with its first page, not with the run
             state.saved_at = time.perf_counter()
         elif time.perf_counter() - state.saved_at >= CHECKPOINT_EVERY:
-            save_unfinished(state, self.options, self.sources.get(state.doc.doc_id), self.write_outputs)
+            self._save_unfinished(state)
         self._progress()
+
+    def _save_unfinished(self, state: DocState) -> None:
+        save_unfinished(state, self.options, self.sources.get(state.doc.doc_id), self.write_outputs)
 
     def _finish(self, state: DocState) -> None:
         doc, results = state.doc, sorted(state.results, key=lambda r: r.page)

@@ -37,17 +37,19 @@ def _long_runs(ink: np.ndarray, min_len: int) -> np.ndarray:
     return (np.cumsum(out[:-1]) > 0).reshape(h, w + 1)[:, :w]
 
 
-def ink_mask(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ink, rules): text ink of a grey page, and the long straight strokes (table rules,
-    underlines, frames) taken out of it, grown by 2 px to cover their anti-aliased edges."""
+def ink_mask(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ink, rules, specks): text ink of a grey page, the long straight strokes (table rules,
+    underlines, frames) taken out of it, grown by 2 px to cover their anti-aliased edges, and the
+    isolated specks of a few pixels dropped from it as dust (a dot leader's dots are among them:
+    segment.py looks for those)."""
     if int(grey.max()) - int(grey.min()) < 40:  # a blank or flat page: no ink
-        return np.zeros(grey.shape, bool), np.zeros(grey.shape, bool)
+        return (np.zeros(grey.shape, bool),) * 3
     ink = grey < otsu(grey)
     h, w = ink.shape
     rules = _long_runs(ink, max(40, w // 12)) | _long_runs(ink.T, max(40, h // 18)).T
     ink &= ~rules
-    ink &= _box_count(ink, 9) >= 12  # dust: isolated specks of a few pixels
-    return ink, _box_count(rules, 5) > 0
+    kept = ink & (_box_count(ink, 9) >= 12)
+    return kept, _box_count(rules, 5) > 0, ink & ~kept
 
 
 def _box_count(mask: np.ndarray, k: int) -> np.ndarray:

@@ -34,6 +34,7 @@ class Region:
 @dataclass
 class _Ctx:
     ink: np.ndarray
+    specks: np.ndarray  # the dust ink_mask took out of ink: a dot leader's dots are there
     line_h: float  # median line height on the page
     min_gap: float  # narrowest vertical gap that separates columns or cells
 
@@ -109,14 +110,14 @@ def segment(grey: np.ndarray) -> tuple[list[Region], np.ndarray]:
     from it: light-on-dark areas turned over, rules painted over in the paper's tone."""
     if grey.size and int(grey.max()) - int(grey.min()) >= 40:
         grey = normalise_ground(grey)
-    ink, rules = ink_mask(grey)
+    ink, rules, specks = ink_mask(grey)
     clean = grey.copy()
     if rules.any():
         clean[rules] = int(np.median(grey[~ink & ~rules])) if (~ink & ~rules).any() else 255
     if not ink.any():
         return [], clean
     line_h = _line_height(ink)
-    ctx = _Ctx(ink, line_h, max(3.0, 1.2 * line_h))
+    ctx = _Ctx(ink, specks, line_h, max(3.0, 1.2 * line_h))
     ys, xs = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
     out: list[Region] = []
     _block(ctx, int(ys[0]), int(ys[-1]) + 1, int(xs[0]), int(xs[-1]) + 1, out)
@@ -299,15 +300,41 @@ def _split_tall(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int) -> list[tupl
 
 
 def _cells(ctx: _Ctx, b0: int, b1: int, x0: int, x1: int) -> list[tuple[int, int]]:
-    """A band's ink cut at gaps wider than ~1.2 line heights (table cells, separated items)."""
+    """A band's ink cut at gaps wider than ~1.2 line heights (table cells, separated items), but
+    not where a dot leader fills the gap (a table of contents' title and its page number)."""
     cols = ctx.ink[b0:b1, x0:x1].any(axis=0)
     height = b1 - b0
     edges, start = [], 0
     for gs, ge in _gaps(cols, max(ctx.min_gap, 1.2 * height)):
+        if _leader(ctx, b0, b1, x0 + gs, x0 + ge):
+            continue
         edges.append((start, gs))
         start = ge
     edges.append((start, cols.size))
     return [(x0 + a, x0 + b) for a, b in edges if cols[a:b].any()]
+
+
+def _leader(ctx: _Ctx, b0: int, b1: int, g0: int, g1: int) -> bool:
+    """Whether a dot leader fills the gap [g0, g1) of a band: three or more specks, each narrower
+    than a third of a line, on one level in the band's lower half (the baseline), evenly spaced
+    and running from near one side of the gap to near the other. The dust filter takes LaTeX's
+    leader dots out of the ink (they stand ~0.8 em apart), and the entries of a table of contents
+    were cut at the leader: their page numbers read as cells of their own and the dots lost."""
+    edge = int(0.25 * ctx.line_h)  # specks next to the letters either side: their anti-aliased edges
+    g0, g1 = g0 + edge, g1 - edge
+    if g1 <= g0:
+        return False
+    dots = ctx.specks[b0:b1, g0:g1]
+    rows = np.flatnonzero(dots.any(axis=1))
+    if rows.size == 0 or rows[0] < 0.4 * (b1 - b0) or rows[-1] - rows[0] > 0.3 * ctx.line_h:
+        return False
+    starts, ends = runs(dots.any(axis=0))
+    if starts.size < 3 or (ends - starts).max() > ctx.line_h / 3:
+        return False
+    steps = np.diff((starts + ends) / 2)
+    step = float(np.median(steps))
+    return bool(steps.min() > 0.75 * step and steps.max() < 1.25 * step
+                and starts[0] <= 2.5 * step and (g1 - g0) - ends[-1] <= 2.5 * step)
 
 
 def _tight(ctx: _Ctx, b0, b1, c0, c1):

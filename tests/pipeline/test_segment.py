@@ -218,3 +218,52 @@ def test_a_cell_holding_lines_of_its_own_is_read_line_by_line():
     assert len(regions) == 4 and all(r.box[3] - r.box[1] < 40 for r in regions[1:])
     assert [r.row for r in regions] == sorted({r.row for r in regions})  # a row each, name first
     assert [texts_in_order([r], address)[0] for r in regions[1:]] == ["Adresse", "CP Ville", "courriel@domaine.tld"]
+
+
+def contents_page(entries: list[tuple[str, str]], dot_rows: str = "baseline", spacing=(22,), seed=0) -> np.ndarray:
+    """A table of contents: each title at x 150, its page number at x 1400, and specks of 3 x 3 px
+    between them (a LaTeX leader's dots at a 2,200-px page are that size, and the dust filter drops
+    them): on the baseline `spacing` px apart (cycled), or scattered (`dot_rows="random"`)."""
+    img = Image.new("L", (1700, 200 + 60 * len(entries)), 250)
+    d = ImageDraw.Draw(img)
+    rng = np.random.default_rng(seed)
+    for i, (title, number) in enumerate(entries):
+        y = 100 + 60 * i
+        d.text((150, y), title, font=FONT, fill=20)
+        d.text((1400, y), number, font=FONT, fill=20)
+        x0, x1 = 150 + int(FONT.getlength(title)) + 20, 1380
+        top, bottom = d.textbbox((150, y), "x", font=FONT)[1::2]
+        if dot_rows == "baseline":
+            xs, x, k = [], x0, 0
+            while x < x1:
+                xs.append(x)
+                x += spacing[k % len(spacing)]
+                k += 1
+            ys = [bottom - 3] * len(xs)
+        else:
+            xs = sorted(rng.integers(x0, x1, 12))
+            ys = rng.integers(top - 12, bottom, 12)
+        for x, yy in zip(xs, ys):
+            d.rectangle((int(x), int(yy), int(x) + 2, int(yy) + 2), fill=20)
+    return np.asarray(img).copy()
+
+
+def test_a_contents_entry_with_a_dot_leader_is_one_line():
+    """LaTeX's leader dots stand ~0.8 em apart and the dust filter takes them out of the ink: the
+    entries of a table of contents were cut at the leader, the page number read as a cell of its
+    own and the dots lost (ltnews28's contents box lost ~240 characters). A gap filled by evenly
+    spaced specks on the baseline is a leader: the entry, title to page number, is one region."""
+    entries = [("Introduction", "1"), ("The new default", "12"), ("Compatibility notes", "xiv")]
+    for spacing in ((22,), (15,), (30,), (22, 23)):
+        regions, _ = segment(contents_page(entries, spacing=spacing))
+        assert len(regions) == 3, spacing
+        assert all(r.box[0] < 155 and r.box[2] > 1400 for r in regions), spacing
+
+
+def test_specks_that_are_no_leader_still_part_cells():
+    """Dust scattered over a gap, or specks set high above the baseline, are no leader: a table
+    row's cells stay apart."""
+    entries = [("Region", "1,200"), ("North", "950")]
+    for seed in range(4):
+        regions, _ = segment(contents_page(entries, dot_rows="random", seed=seed))
+        assert len(regions) == 4, seed

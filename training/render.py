@@ -83,10 +83,15 @@ def _draw_pdf(text: str, face: Face, size: int, word_spacing: float) -> np.ndarr
 
 
 def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Ink [h, w] of one line; sometimes with wide gaps between words (table cells, justified text)."""
-    n_gaps = text.count(" ")
+    """Ink [h, w] of one line; sometimes with wide gaps between words (table cells, justified text).
+    A spaced dot leader's dots stand one drawn distance apart (LaTeX's are ~0.8 em apart, wider
+    than a space and a dot)."""
+    words = text.split(" ")
     wide = rng.random() < 0.15
-    gaps = [float(rng.uniform(1, 6)) if wide and rng.random() < 0.5 else 1.0 for _ in range(n_gaps)]
+    gaps = [float(rng.uniform(1, 6)) if wide and rng.random() < 0.5 else 1.0 for _ in range(len(words) - 1)]
+    leader = float(rng.uniform(1, 3))
+    gaps = [leader if words[i] == "." and (words[i + 1] == "." or i and words[i - 1] == ".") else g
+            for i, g in enumerate(gaps)]
     if face.kind == "pdf":
         return _draw_pdf(text, face, size, word_spacing=float(rng.uniform(2, 20)) if wide else 0.0)
     return _draw_pil(text, face, size, gaps)

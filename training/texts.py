@@ -39,6 +39,7 @@ Montant|Total HT|Total TTC|Facture n°|Devis n°|Quantité|Prix|Remise|Date d'é
 Summe|Gesamtbetrag|Rechnung Nr.|Datum|Menge|Preis|Rabatt|Kunde|Seite|Betreff|Importe|Factura n.º|Fecha|Cantidad|
 Precio|Descuento|Cliente|Página|Totale|Fattura n.|Data|Quantità|Prezzo|Sconto|Pagina|Valor|Quantidade|Preço|
 Bedrag|Factuurnummer|Aantal|Prijs|Korting|Klant|Kwota|Faktura nr|Ilość|Cena|Rabat|Částka|Faktura č.|Množství""".replace("\n", "").split("|"))
+ROMAN = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
 HEAD_WORDS = ("Summary", "Introduction", "Results", "Outlook", "Notes", "Methods", "Appendix", "Overview",
               "Background", "Discussion", "Conclusion", "Revenue", "Costs", "Contents", "References", "Table",
               "Figure", "Chapter", "Section", "Invoice", "Contract", "Terms", "Payment", "Delivery")
@@ -227,6 +228,29 @@ def _synthetic(rng: np.random.Generator, split: str) -> str:
     return " ".join(_identifier(rng, split) for _ in range(rng.integers(1, 4)))
 
 
+def _contents_entry(rng: np.random.Generator, split: str, max_chars: int) -> str:
+    """A table of contents' entry: a numbered title, a dot leader and a page number, most within
+    max_chars. LaTeX's leaders are spaced dots (". . ."; render.draw_ink draws them wider apart), a
+    word processor's are dots run together; a long entry is read in pieces, so a third start in
+    the leader."""
+    a, b, c = (int(rng.integers(1, 13)) for _ in range(3))
+    number = str(rng.choice(["", "", f"{a}", f"{a}.{b}", f"{a}.{b}.{c}", f"{a}.", rng.choice(ROMAN[:12]) + ".",
+                             f"{rng.choice(HEAD_WORDS)} {a}"]))
+    page = str(rng.choice(ROMAN)) if rng.random() < 0.1 else str(int(rng.integers(1, 600)))
+    spaced = rng.random() < 0.7
+    if rng.random() < 0.35:
+        head, glue = "", " "
+    else:
+        title = _span(rng, prose(_lang(rng), split), int(rng.integers(4, max(5, max_chars - 8))))
+        title = title.title() if rng.random() < 0.2 else title
+        head = f"{number} {title}".strip()
+        glue = "" if not spaced and rng.random() < 0.5 else " "
+    room = max_chars - len(head) - len(page) - 2 if rng.random() < 0.8 else 80
+    dots = int(rng.integers(2, max(3, room // (2 if spaced else 1) + 1)))
+    leader = " ".join(["."] * dots) if spaced else "." * dots
+    return f"{head}{glue}{leader}{glue}{page}".strip()
+
+
 def _length(rng: np.random.Generator, max_chars: int) -> int:
     u = rng.random()
     if max_chars >= 45:
@@ -236,11 +260,13 @@ def _length(rng: np.random.Generator, max_chars: int) -> int:
 
 def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100, kind: str | None = None) -> str:
     """One line of text, cleaned to the charset: 58% prose in nine languages, 7% code, 20%
-    synthetic document text, 15% text no language model can predict (words of all languages in
-    random order, random strings). `kind` forces one: prose, code, synthetic, shuffled, random."""
+    synthetic document text (a tenth of it contents entries with dot leaders), 15% text no language
+    model can predict (words of all languages in random order, random strings). `kind` forces one:
+    prose, code, synthetic, contents, shuffled, random."""
     if kind is None:
         r = rng.random()
-        kind = "prose" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.85 else "shuffled" if r < 0.93 else "random"
+        kind = ("prose" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
+                else "shuffled" if r < 0.93 else "random")
     if kind == "prose":
         text = _span(rng, prose(_lang(rng), split), _length(rng, max_chars))
     elif kind == "code":
@@ -248,6 +274,8 @@ def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int =
         text = items[rng.integers(len(items))]
     elif kind == "synthetic":
         text = _synthetic(rng, split)
+    elif kind == "contents":
+        text = _contents_entry(rng, split, max_chars)
     elif kind == "shuffled":
         text = _shuffled_words(rng, split, _length(rng, max_chars))
     elif kind == "random":

@@ -125,3 +125,30 @@ def test_short_pieces_end_at_words_and_full_lines_are_unchanged():
     a = [sample_text(np.random.default_rng([3, i]), "heldout") for i in range(50)]
     b = [sample_text(np.random.default_rng([3, i]), "heldout", 100) for i in range(50)]
     assert a == b and max(map(len, a)) > 45
+
+
+def test_contents_entries_have_dot_leaders_drawn_apart():
+    """Tables of contents are trained on: a title, a dot leader (spaced as LaTeX sets it, or dots run
+    together) and a page number, most within the piece; a spaced leader's dots are drawn further
+    apart than a space and a dot, as LaTeX sets them, while the text keeps one space between."""
+    from training.fonts import families
+    from training.render import _draw_pil, draw_ink
+    from training.texts import sample_text
+
+    entries = [sample_text(np.random.default_rng([4, i]), "train", 32, "contents") for i in range(300)]
+    assert all(0 < len(e) <= 32 for e in entries)
+    spaced = [e for e in entries if ". . ." in e]
+    assert len(spaced) > 100 and sum("...." in e and ". ." not in e for e in entries) > 30
+    assert all("  " not in e for e in entries)
+    assert sum(e.rsplit(" ", 1)[-1].rstrip(".").isdigit() for e in spaced) > 0.6 * len(spaced)
+    assert sum(". . ." in sample_text(np.random.default_rng([6, i]), "train", 32) for i in range(2000)) > 20  # ~1.4%
+    face = next(f for fam in families("train") for f in fam if f.kind == "ttf")
+    leader = ". . . . . . . . . ."
+
+    def width(ink):
+        cols = np.flatnonzero(ink.max(axis=0) > 0.25)
+        return int(cols[-1] - cols[0])
+
+    one_space = width(_draw_pil(leader, face, 30, [1.0] * 9))
+    drawn = [width(draw_ink(leader, face, 30, np.random.default_rng(seed))) for seed in range(40)]
+    assert min(drawn) >= one_space - 2 and sum(w > 1.3 * one_space for w in drawn) > 10

@@ -20,19 +20,70 @@ from .fonts import Face, missing_chars
 PATCH = 14
 
 
-def _draw_pil(text: str, face: Face, size: int, gaps: list[float]) -> np.ndarray:
-    """Ink coverage [h, w] float32 in 0..1 for text in a TrueType face at `size` px."""
+# The TeX logos as (La)TeX sets them, written as their text layer has them ("LATEX", "TEX"): an A
+# in small type raised to the cap height after the L, an E lowered half an x-height between T and
+# X, the letters kerned together. Each piece: (letters, size factor, raise in em, kern before in em).
+LOGO_PIECES = {
+    "TEX": (("T", 1, 0, 0), ("E", 1, -0.22, -0.1667), ("X", 1, 0, -0.125)),
+    "LATEX": (("L", 1, 0, 0), ("A", 0.72, 0.2, -0.36), ("T", 1, 0, -0.15), ("E", 1, -0.22, -0.1667), ("X", 1, 0, -0.125)),
+}
+LOGO_PREFIXES = ("", "pdf", "Lua")  # XeTeX's logo mirrors its E: not drawn
+
+
+def _logo(word: str) -> tuple[str, str, str] | None:
+    """(prefix, logo, trailing punctuation) if the word is a TeX logo (pdfLATEX, LuaTEX, "TEX,")."""
+    core = word.rstrip(".,;:)")
+    for logo in ("LATEX", "TEX"):
+        head = core[: len(core) - len(logo)]
+        if core.endswith(logo) and head.lstrip("(") in LOGO_PREFIXES:
+            return head, logo, word[len(core):]
+    return None
+
+
+def _draw_word(draw: ImageDraw.ImageDraw | None, x: float, baseline: float, word: str, face: Face, size: int,
+               logos: bool) -> float:
+    """Draw a word with its left end at x on the baseline (or only measure it: draw None); a TeX
+    logo is set as TeX sets it where `logos`. Returns its advance."""
+    font = face.pil(size)
+    parts = _logo(word) if logos else None
+    if parts is None:
+        if draw is not None:
+            draw.text((x, baseline), word, font=font, fill=255, anchor="ls")
+        return font.getlength(word)
+    head, logo, tail = parts
+    start = x
+    if draw is not None and head:
+        draw.text((x, baseline), head, font=font, fill=255, anchor="ls")
+    x += font.getlength(head)
+    for letter, scale, rise, kern in LOGO_PIECES[logo]:
+        piece = face.pil(max(4, round(size * scale)))
+        x += kern * size
+        if letter == "A":  # its top at the L's: raised by the difference of the cap heights
+            rise_px = (1 - scale) * 0.7 * size
+        else:
+            rise_px = rise * size
+        if draw is not None:
+            draw.text((x, baseline - rise_px), letter, font=piece, fill=255, anchor="ls")
+        x += piece.getlength(letter)
+    if draw is not None and tail:
+        draw.text((x, baseline), tail, font=font, fill=255, anchor="ls")
+    return x + font.getlength(tail) - start
+
+
+def _draw_pil(text: str, face: Face, size: int, gaps: list[float], logos: bool = False) -> np.ndarray:
+    """Ink coverage [h, w] float32 in 0..1 for text in a TrueType face at `size` px; the TeX logos
+    set as TeX sets them where `logos`."""
     font = face.pil(size)
     words = text.split(" ")
     space = font.getlength(" ")
-    widths = [font.getlength(w) for w in words]
+    widths = [_draw_word(None, 0.0, 0.0, w, face, size, logos) for w in words]
     total = sum(widths) + sum(space * g for g in gaps)
     margin = size
     img = Image.new("L", (int(total + 2 * margin) + 1, int(size * 2.2)), 0)
     draw = ImageDraw.Draw(img)
-    x = float(margin)
+    x, baseline = float(margin), size * 0.5 + font.getmetrics()[0]
     for i, (w, width) in enumerate(zip(words, widths)):
-        draw.text((x, size * 0.5), w, font=font, fill=255)
+        _draw_word(draw, x, baseline, w, face, size, logos)
         x += width + (space * gaps[i] if i < len(gaps) else 0)
     return np.asarray(img, dtype=np.float32) / 255
 
@@ -89,12 +140,13 @@ def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.n
     words = text.split(" ")
     wide = rng.random() < 0.15
     gaps = [float(rng.uniform(1, 6)) if wide and rng.random() < 0.5 else 1.0 for _ in range(len(words) - 1)]
-    leader = float(rng.uniform(1, 3))
-    gaps = [leader if words[i] == "." and (words[i + 1] == "." or i and words[i - 1] == ".") else g
-            for i, g in enumerate(gaps)]
+    if ". ." in text:  # drawn only here: the other lines' draws stay as they were
+        leader = float(rng.uniform(1, 3))
+        gaps = [leader if words[i] == "." and (words[i + 1] == "." or i and words[i - 1] == ".") else g
+                for i, g in enumerate(gaps)]
     if face.kind == "pdf":
         return _draw_pdf(text, face, size, word_spacing=float(rng.uniform(2, 20)) if wide else 0.0)
-    return _draw_pil(text, face, size, gaps)
+    return _draw_pil(text, face, size, gaps, logos=True)
 
 
 def _ink_box(ink: np.ndarray, threshold: float = 0.25) -> tuple[int, int, int, int] | None:

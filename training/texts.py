@@ -251,6 +251,19 @@ def _contents_entry(rng: np.random.Generator, split: str, max_chars: int) -> str
     return f"{head}{glue}{leader}{glue}{page}".strip()
 
 
+LOGOS = ("LATEX",) * 5 + ("TEX",) * 3 + ("pdfLATEX", "LuaLATEX", "pdfTEX", "LuaTEX")
+
+
+def _with_logos(rng: np.random.Generator, split: str, max_chars: int) -> str:
+    """Prose with a TeX logo or two among its words, as LaTeX manuals print them (render.py draws
+    them as TeX sets them; their text is what the text layer has: "LATEX", "TEX")."""
+    words = _span(rng, prose(_lang(rng), split), _length(rng, max_chars)).split(" ")
+    for _ in range(rng.integers(1, 3)):
+        logo = str(rng.choice(LOGOS)) + str(rng.choice(["", "", "", ",", ".", ":"]))
+        words.insert(int(rng.integers(len(words) + 1)), f"({logo})" if rng.random() < 0.1 else logo)
+    return " ".join(w for w in words if w)
+
+
 def _length(rng: np.random.Generator, max_chars: int) -> int:
     u = rng.random()
     if max_chars >= 45:
@@ -259,13 +272,14 @@ def _length(rng: np.random.Generator, max_chars: int) -> int:
 
 
 def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100, kind: str | None = None) -> str:
-    """One line of text, cleaned to the charset: 58% prose in nine languages, 7% code, 20%
+    """One line of text, cleaned to the charset: 58% prose in nine languages (1.5% of all with TeX
+    logos among its words), 7% code, 20%
     synthetic document text (a tenth of it contents entries with dot leaders), 15% text no language
     model can predict (words of all languages in random order, random strings). `kind` forces one:
-    prose, code, synthetic, contents, shuffled, random."""
+    prose, logos, code, synthetic, contents, shuffled, random."""
     if kind is None:
         r = rng.random()
-        kind = ("prose" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
+        kind = ("prose" if r < 0.565 else "logos" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
                 else "shuffled" if r < 0.93 else "random")
     if kind == "prose":
         text = _span(rng, prose(_lang(rng), split), _length(rng, max_chars))
@@ -274,6 +288,8 @@ def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int =
         text = items[rng.integers(len(items))]
     elif kind == "synthetic":
         text = _synthetic(rng, split)
+    elif kind == "logos":
+        text = _with_logos(rng, split, max_chars)
     elif kind == "contents":
         text = _contents_entry(rng, split, max_chars)
     elif kind == "shuffled":

@@ -152,3 +152,27 @@ def test_contents_entries_have_dot_leaders_drawn_apart():
     one_space = width(_draw_pil(leader, face, 30, [1.0] * 9))
     drawn = [width(draw_ink(leader, face, 30, np.random.default_rng(seed))) for seed in range(40)]
     assert min(drawn) >= one_space - 2 and sum(w > 1.3 * one_space for w in drawn) > 10
+
+
+def test_tex_logos_are_drawn_as_tex_sets_them():
+    """LaTeX manuals print "LaTeX" and "TeX" as logos (a small raised A, a lowered E), which the text
+    layer writes "LATEX", "TEX", and the reader read as "ËĘĶ" or "HTgX": prose with logos is trained
+    on, drawn as logos. A logo's E hangs below the baseline, so the word stands taller than the
+    same capitals set plainly, and no wider than them (the letters are kerned together)."""
+    from training.fonts import families
+    from training.render import _draw_pil, _logo
+    from training.texts import sample_text
+
+    assert _logo("LATEX") == ("", "LATEX", "") and _logo("pdfLATEX,") == ("pdf", "LATEX", ",")
+    assert _logo("(TEX)") == ("(", "TEX", ")") and _logo("TEXT") is None and _logo("CONTEX") is None
+    face = next(f for fam in families("train") for f in fam if f.kind == "ttf")
+
+    def box(ink):
+        ys, xs = np.flatnonzero(ink.max(axis=1) > 0.25), np.flatnonzero(ink.max(axis=0) > 0.25)
+        return ys[-1] - ys[0], xs[-1] - xs[0]
+
+    for word in ("LATEX", "TEX"):
+        (h_logo, w_logo), (h_plain, w_plain) = (box(_draw_pil(word, face, 40, [], logos=flag)) for flag in (True, False))
+        assert h_logo > h_plain + 3 and w_logo <= w_plain
+    lines = [sample_text(np.random.default_rng([7, i]), "train", 32) for i in range(3000)]
+    assert 20 < sum("LATEX" in t or "TEX" in t.split(" ") for t in lines) < 120  # ~1.5%

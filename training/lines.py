@@ -8,7 +8,7 @@ import numpy as np
 
 from .fonts import families
 from .render import line_sample
-from .texts import sample_text
+from .texts import SUP, sample_text
 
 
 @dataclass
@@ -34,7 +34,7 @@ def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width:
             text = " ".join(words)
         img = line_sample(text, face, rng, line_height, max_width, neighbour=sample_text(rng, split))
         if img is not None:
-            return Line(img, text, face.name)
+            return Line(img, text.replace(SUP, ""), face.name)  # a footnote mark's text is its digits
 
 
 def fixed_set(n: int, split: str, seed: int, line_height: int, max_width: int, face_split: str | None = None,

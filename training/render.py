@@ -10,12 +10,14 @@ sees every crop the segmenter can make from real pages.
 from __future__ import annotations
 
 import io
+from functools import lru_cache
 
 import numpy as np
 import pypdfium2 as pdfium
 from PIL import Image, ImageDraw, ImageFilter
 
 from .fonts import Face, missing_chars
+from .texts import SUP
 
 PATCH = 14
 
@@ -41,15 +43,27 @@ def _logo(word: str) -> tuple[str, str, str] | None:
 
 
 def _draw_word(draw: ImageDraw.ImageDraw | None, x: float, baseline: float, word: str, face: Face, size: int,
-               logos: bool) -> float:
-    """Draw a word with its left end at x on the baseline (or only measure it: draw None); a TeX
-    logo is set as TeX sets it where `logos`. Returns its advance."""
+               logos: bool, features: list[str] | None = None) -> float:
+    """Draw a word with its left end at x on the baseline (or only measure it: draw None): a TeX
+    logo set as TeX sets it where `logos`, a footnote mark (after texts.SUP) small and raised, the
+    OpenType `features` (old-style figures) applied. Returns its advance."""
     font = face.pil(size)
+    if SUP in word:  # a footnote mark: "word", then the mark raised in small type, then the rest
+        base, rest = word.split(SUP, 1)
+        n = len(rest) - len(rest.lstrip("0123456789*†"))
+        small = face.pil(max(4, round(size * 0.62)))
+        start = x
+        x += _draw_word(draw, x, baseline, base, face, size, logos, features) if base else 0.0
+        if draw is not None:
+            draw.text((x, baseline - 0.36 * size), rest[:n], font=small, fill=255, anchor="ls")
+        x += small.getlength(rest[:n])
+        x += _draw_word(draw, x, baseline, rest[n:], face, size, logos, features) if rest[n:] else 0.0
+        return x - start
     parts = _logo(word) if logos else None
     if parts is None:
         if draw is not None:
-            draw.text((x, baseline), word, font=font, fill=255, anchor="ls")
-        return font.getlength(word)
+            draw.text((x, baseline), word, font=font, fill=255, anchor="ls", features=features)
+        return font.getlength(word, features=features)
     head, logo, tail = parts
     start = x
     if draw is not None and head:
@@ -70,20 +84,21 @@ def _draw_word(draw: ImageDraw.ImageDraw | None, x: float, baseline: float, word
     return x + font.getlength(tail) - start
 
 
-def _draw_pil(text: str, face: Face, size: int, gaps: list[float], logos: bool = False) -> np.ndarray:
+def _draw_pil(text: str, face: Face, size: int, gaps: list[float], logos: bool = False,
+              features: list[str] | None = None) -> np.ndarray:
     """Ink coverage [h, w] float32 in 0..1 for text in a TrueType face at `size` px; the TeX logos
-    set as TeX sets them where `logos`."""
+    set as TeX sets them where `logos`, the OpenType `features` applied."""
     font = face.pil(size)
     words = text.split(" ")
     space = font.getlength(" ")
-    widths = [_draw_word(None, 0.0, 0.0, w, face, size, logos) for w in words]
+    widths = [_draw_word(None, 0.0, 0.0, w, face, size, logos, features) for w in words]
     total = sum(widths) + sum(space * g for g in gaps)
     margin = size
     img = Image.new("L", (int(total + 2 * margin) + 1, int(size * 2.2)), 0)
     draw = ImageDraw.Draw(img)
     x, baseline = float(margin), size * 0.5 + font.getmetrics()[0]
     for i, (w, width) in enumerate(zip(words, widths)):
-        _draw_word(draw, x, baseline, w, face, size, logos)
+        _draw_word(draw, x, baseline, w, face, size, logos, features)
         x += width + (space * gaps[i] if i < len(gaps) else 0)
     return np.asarray(img, dtype=np.float32) / 255
 
@@ -146,7 +161,22 @@ def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.n
                 for i, g in enumerate(gaps)]
     if face.kind == "pdf":
         return _draw_pdf(text, face, size, word_spacing=float(rng.uniform(2, 20)) if wide else 0.0)
-    return _draw_pil(text, face, size, gaps, logos=True)
+    # Old-style figures (a 1 like a small i, a 3 hanging like a y), as Palatino or Libertine set
+    # them in LaTeX documents, in a third of the lines with digits in a face that has them.
+    oldstyle = face.kind == "ttf" and any(c.isdigit() for c in text) and old_style_figures(face) and rng.random() < 0.3
+    return _draw_pil(text, face, size, gaps, logos=True, features=["onum"] if oldstyle else None)
+
+
+@lru_cache(maxsize=None)
+def old_style_figures(face: Face) -> bool:
+    """Whether the face draws other digits with its OpenType feature "onum" (217 of 399 here)."""
+    font = face.pil(30)
+    drawn = []
+    for features in (None, ["onum"]):
+        img = Image.new("L", (400, 60), 0)
+        ImageDraw.Draw(img).text((5, 5), "1234567890", font=font, fill=255, features=features)
+        drawn.append(np.asarray(img))
+    return not np.array_equal(*drawn)
 
 
 def _ink_box(ink: np.ndarray, threshold: float = 0.25) -> tuple[int, int, int, int] | None:
@@ -160,7 +190,7 @@ def _ink_box(ink: np.ndarray, threshold: float = 0.25) -> tuple[int, int, int, i
 def line_sample(text: str, face: Face, rng: np.random.Generator, line_height: int, max_width: int,
                 neighbour: str | None = None) -> np.ndarray | None:
     """uint8 grey [line_height, W] (W a multiple of 14, <= max_width), or None if it does not fit."""
-    if missing_chars(face) & set(text):
+    if missing_chars(face) & (set(text) - {SUP}):
         return None
     size = int(rng.integers(14, 56))  # font size in px at the drawing resolution
     ink = draw_ink(text, face, size, rng)

@@ -251,6 +251,21 @@ def _contents_entry(rng: np.random.Generator, split: str, max_chars: int) -> str
     return f"{head}{glue}{leader}{glue}{page}".strip()
 
 
+SUP = "\u2063"  # before a footnote mark in a drawn text: render.py raises it, lines.py drops this
+
+
+def _with_footnote_marks(rng: np.random.Generator, split: str, max_chars: int) -> str:
+    """Prose with a footnote mark or two (a number, rarely * or †) after a word or its punctuation,
+    as the page shows them; their text is the mark itself ("indesiderati6.", "end.12")."""
+    words = clean_text(_span(rng, prose(_lang(rng), split), _length(rng, max_chars))).split(" ")
+    for i in rng.choice(len(words), size=min(len(words), int(rng.integers(1, 3))), replace=False):
+        mark = str(int(rng.integers(1, 40))) if rng.random() < 0.9 else str(rng.choice(["*", "†"]))
+        word = words[i]
+        core = word.rstrip(".,;:")
+        words[i] = (core + SUP + mark + word[len(core):]) if rng.random() < 0.6 else word + SUP + mark
+    return " ".join(words)
+
+
 LOGOS = ("LATEX",) * 5 + ("TEX",) * 3 + ("pdfLATEX", "LuaLATEX", "pdfTEX", "LuaTEX")
 
 
@@ -272,14 +287,14 @@ def _length(rng: np.random.Generator, max_chars: int) -> int:
 
 
 def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100, kind: str | None = None) -> str:
-    """One line of text, cleaned to the charset: 58% prose in nine languages (1.5% of all with TeX
-    logos among its words), 7% code, 20%
+    """One line of text, cleaned to the charset: 58% prose in nine languages (1.5% of all with
+    footnote marks, after texts.SUP, and 1.5% with TeX logos among its words), 7% code, 20%
     synthetic document text (a tenth of it contents entries with dot leaders), 15% text no language
     model can predict (words of all languages in random order, random strings). `kind` forces one:
-    prose, logos, code, synthetic, contents, shuffled, random."""
+    prose, footnotes, logos, code, synthetic, contents, shuffled, random."""
     if kind is None:
         r = rng.random()
-        kind = ("prose" if r < 0.565 else "logos" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
+        kind = ("prose" if r < 0.55 else "footnotes" if r < 0.565 else "logos" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
                 else "shuffled" if r < 0.93 else "random")
     if kind == "prose":
         text = _span(rng, prose(_lang(rng), split), _length(rng, max_chars))
@@ -288,6 +303,8 @@ def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int =
         text = items[rng.integers(len(items))]
     elif kind == "synthetic":
         text = _synthetic(rng, split)
+    elif kind == "footnotes":  # cleaned as drawn: the mark's SUP must stay
+        text = _with_footnote_marks(rng, split, max_chars)
     elif kind == "logos":
         text = _with_logos(rng, split, max_chars)
     elif kind == "contents":
@@ -298,7 +315,7 @@ def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int =
         text = " ".join(_random_string(rng) for _ in range(int(rng.integers(1, 4))))
     else:
         raise ValueError(f"unknown kind of text {kind!r}")
-    text = clean_text(text)
+    text = text if kind == "footnotes" else clean_text(text)
     if len(text) > max_chars:
         head = text[: max_chars + 1]
         cut = head.rsplit(" ", 1)[0] if max_chars < 45 and " " in head else ""  # short pieces end at a word

@@ -16,7 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from pantheon_ocr.engine.text.vocab import PRE_TOKENIZERS
 
-from .texts import corpus, sample_text
+from .texts import SUP, corpus, sample_text
 
 PRE = "qwen2"
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")
@@ -62,7 +62,7 @@ def train_vocab(size: int, seed: int = 0, n_synthetic: int = 60_000) -> Vocab:
         yield from corpus("prose-train")
         yield from corpus("code-train")
         for _ in range(n_synthetic):
-            yield sample_text(rng)
+            yield sample_text(rng).replace(SUP, "")
         for _ in range(5000):  # enough that BPE learns each prompt word whole, without a space
             yield from PROMPT_WORDS
 

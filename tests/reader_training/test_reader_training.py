@@ -176,3 +176,25 @@ def test_tex_logos_are_drawn_as_tex_sets_them():
         assert h_logo > h_plain + 3 and w_logo <= w_plain
     lines = [sample_text(np.random.default_rng([7, i]), "train", 32) for i in range(3000)]
     assert 20 < sum("LATEX" in t or "TEX" in t.split(" ") for t in lines) < 120  # ~1.5%
+
+
+def test_footnote_marks_and_old_style_figures_are_trained_on():
+    """Footnote marks after words ("indesiderati6." read "indesideratif"") and old-style figures
+    (Palatino's "1.1" read "i.x", "3." read "y.") were never drawn. Prose with marks is: the mark
+    raised and small, its text the digits; a face with old-style figures draws them in some lines."""
+    from training.fonts import families
+    from training.lines import draw_line
+    from training.render import _draw_pil, old_style_figures
+    from training.texts import SUP
+
+    lines = [draw_line(np.random.default_rng([5, i]), "train", 28, 1400, max_chars=32, kind="footnotes") for i in range(30)]
+    assert all(SUP not in ln.text for ln in lines) and sum(any(c.isdigit() for c in ln.text) for ln in lines) > 20
+    face = next(f for fam in families("train") for f in fam if f.kind == "ttf" and old_style_figures(f))
+
+    def top(ink):
+        return int(np.flatnonzero(ink.max(axis=1) > 0.25)[0])
+
+    assert top(_draw_pil("x" + SUP + "17", face, 40, [])) < top(_draw_pil("x17", face, 40, [])) - 2
+    lining, old = (_draw_pil("1234567890", face, 40, [], features=f) for f in (None, ["onum"]))
+    assert lining.shape != old.shape or not np.array_equal(lining, old)
+    assert 50 < sum(old_style_figures(f) for fam in families("train") for f in fam if f.kind == "ttf") < 400

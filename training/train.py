@@ -57,6 +57,7 @@ def parse(argv):
                     help="characters per training line; below 45, short pieces cut at words (the pieces a "
                          "reader with pantheon.reader.line_width reads long lines in)")
     ap.add_argument("--line-width", type=int, default=0, help="export: pantheon.reader.line_width (px; 0: none)")
+    ap.add_argument("--line-stretch", type=float, default=1.0, help="export: pantheon.reader.line_stretch (1: none)")
     ap.add_argument("--resume", action="store_true", help="continue RUN_DIR/last.pt (weights, optimizer, stage, step)")
     ap.add_argument("--init-gguf", type=Path, help="start from an exported pair's weights (a directory)")
     ap.add_argument("--export", type=Path, help="write the GGUF pair here at the end (default RUN_DIR/gguf)")
@@ -264,7 +265,8 @@ def main(argv=None) -> int:
     if t.stage == "joint" and t.step >= a.joint_steps:
         from .export import export
 
-        for p in export(t.model.eval(), t.vocab, a.export or a.run_dir / "gguf", line_width=a.line_width):
+        for p in export(t.model.eval(), t.vocab, a.export or a.run_dir / "gguf", line_width=a.line_width,
+                        line_stretch=a.line_stretch):
             print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)", flush=True)
     return 0
 

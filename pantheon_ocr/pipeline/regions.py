@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
-from ..engine.models.reader import ReadingHints
 from ..errors import OptionError
 from ..options import SEGMENT_MODES, SamplingOptions
 from .segment import Region, block_image, blocks, line_images, segment
@@ -161,7 +160,7 @@ class SegmentedEngine:
         # A model trained on lines names their height; for others (LightOnOCR reads pages) a line
         # is cropped at page resolution like a block. Pages are rendered finer than the reader's
         # input so lines can be cut from them.
-        self.hints = ReadingHints(mode, h.line_height, h.line_width, h.page_edge, h.patch_size)
+        self.hints = replace(h, segment=mode)
         self.longest_edge = h.page_edge
         self.overlaps = engine.overlaps
         self.vision_device = engine.vision_device
@@ -173,7 +172,8 @@ class SegmentedEngine:
             regions = blocks(regions)
         h = self.hints
         if self.mode == "lines" and h.reads_lines:
-            images = [line_images(clean, r.box, h.line_height, h.patch_size, h.line_width) for r in regions]
+            images = [line_images(clean, r.box, h.line_height, h.patch_size, h.line_width, h.line_stretch)
+                      for r in regions]
         else:
             images = [[block_image(image, r.box)] for r in regions]
         flat = self.engine.vision_many([im for parts in images for im in parts])

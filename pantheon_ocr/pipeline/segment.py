@@ -347,24 +347,25 @@ def _tight(ctx: _Ctx, b0, b1, c0, c1):
     return c0 + int(xs[0]), b0 + int(ys[0]), c0 + int(xs[-1]) + 1, b0 + int(ys[-1]) + 1
 
 
-def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int
-               ) -> list[Image.Image]:
-    """The crop of a region, padded like the reader's training crops and scaled to `height`; a line
-    wider than max_width is cut at its widest word gap near the middle (recursively)."""
+def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int,
+                stretch: float = 1.0) -> list[Image.Image]:
+    """The crop of a region, padded like the reader's training crops, scaled to `height` and its
+    width then by `stretch` (the reader's line_stretch); a line wider than max_width is cut at its
+    widest word gap near the middle (recursively)."""
     x0, y0, x1, y1 = box
     h = y1 - y0
     pad_y, pad_x = max(1, round(0.15 * h)), max(2, round(0.3 * h))
     H, W = grey.shape
     crop = grey[max(0, y0 - pad_y): min(H, y1 + pad_y), max(0, x0 - pad_x): min(W, x1 + pad_x)]
     scale = height / crop.shape[0]
-    width = -(-max(2 * patch, round(crop.shape[1] * scale)) // patch) * patch
+    width = -(-max(2 * patch, round(crop.shape[1] * scale * stretch)) // patch) * patch
     if width > max_width and x1 - x0 > 2 * h:
         cols = (grey[y0:y1, x0:x1] < otsu(grey[y0:y1, x0:x1])).any(axis=0)
         gaps = _gaps(cols, max(2, 0.25 * h)) or [((x1 - x0) // 2, (x1 - x0) // 2)]
         mid = (x1 - x0) / 2
         gs, ge = min(gaps, key=lambda g: abs((g[0] + g[1]) / 2 - mid))
-        return (line_images(grey, (x0, y0, x0 + gs, y1), height, patch, max_width)
-                + line_images(grey, (x0 + ge, y0, x1, y1), height, patch, max_width))
+        return (line_images(grey, (x0, y0, x0 + gs, y1), height, patch, max_width, stretch)
+                + line_images(grey, (x0 + ge, y0, x1, y1), height, patch, max_width, stretch))
     img = Image.fromarray(np.ascontiguousarray(crop)).resize((min(width, max_width), height), Image.BICUBIC)
     return [img]
 

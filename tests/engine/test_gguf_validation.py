@@ -155,3 +155,26 @@ def test_model_larger_than_the_address_space(tmp_path, qwen3):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == ExitCode.BAD_MODEL and len(lines) == 1, proc.stderr
     assert "cannot map the model file (64.0 GiB) into memory" in lines[0]
+
+
+BUNDLED_MMPROJ = Path(__file__).resolve().parents[2] / "pantheon_ocr" / "bundled" / "reader" / "mmproj-pantheon-reader.gguf"
+
+
+@pytest.mark.parametrize("value, vtype, needle", [
+    (3.0, T.FLOAT32, "'pantheon.reader.line_stretch' (3.0) must be between 0.5 and 2"),
+    (0.0, T.FLOAT32, "'pantheon.reader.line_stretch' (0.0) must be between 0.5 and 2"),
+    (float("nan"), T.FLOAT32, "'pantheon.reader.line_stretch' (nan) must be between 0.5 and 2"),
+    ("wide", T.STRING, "'pantheon.reader.line_stretch' must be"),
+])
+def test_a_readers_line_stretch_is_checked(tmp_path, value, vtype, needle):
+    """pantheon.reader.line_stretch (how much wider than the page shows it a line crop is drawn)
+    is read as a number in a sane range, or the file is refused naming the key."""
+    from pantheon_ocr.engine.models.reader import reading_hints
+
+    bad = rewrite(BUNDLED_MMPROJ, tmp_path / "bad.gguf", {"pantheon.reader.line_stretch": (value, vtype)})
+    with pytest.raises(ModelError) as e:
+        reading_hints(open_gguf(bad), 1400, 14, 2)
+    assert str(bad) in str(e.value) and needle in str(e.value), str(e.value)
+    good = rewrite(BUNDLED_MMPROJ, tmp_path / "good.gguf", {"pantheon.reader.line_stretch": (1.25, T.FLOAT32)})
+    assert reading_hints(open_gguf(good), 1400, 14, 2).line_stretch == 1.25
+    assert reading_hints(open_gguf(FIXTURE / "mmproj.gguf"), 1400, 14, 2).line_stretch == 1.0  # names none

@@ -222,3 +222,19 @@ def test_a_picture_beside_a_line_is_left_out_alone_when_read_as_noise():
             regions.append(Region((0, 0, 10, 10), 0, row, picture=len(cell) == 3))
             seqs.append([Scored(cell[0], cell[1])])
     assert RegionGroup(regions, seqs).text() == "Glue selected objects\n8 Measure Area\nTag Break compound\n~#|"
+
+
+def test_a_readers_line_stretch_draws_its_line_crops_wider():
+    """A reader may ask for its line crops drawn wider than the page shows them
+    (pantheon.reader.line_stretch): each line's tokens grow by that factor, and a line wider than
+    line_width is still cut to fit."""
+    words = "aaaa bbbb cccc dddd eeee ffff gggg hhhh"
+    engine = StubEngine()
+    (plain,), = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)])).seqs
+    engine.hints = replace(engine.hints, line_stretch=1.5)
+    (wide,), = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)])).seqs
+    assert wide.size[1] == plain.size[1] == 28 and abs(wide.size[0] - 1.5 * plain.size[0]) <= 1
+    engine.hints = replace(engine.hints, line_width=196)
+    (parts,) = read(SegmentedEngine(engine, "lines"), page_image([(100, 200, words)])).seqs
+    assert len(parts) >= 3 and all(p.size[0] <= 7 for p in parts)
+    assert sum(p.size[0] for p in parts) >= wide.size[0] - len(parts)

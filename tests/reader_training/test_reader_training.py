@@ -198,3 +198,21 @@ def test_footnote_marks_and_old_style_figures_are_trained_on():
     lining, old = (_draw_pil("1234567890", face, 40, [], features=f) for f in (None, ["onum"]))
     assert lining.shape != old.shape or not np.array_equal(lining, old)
     assert 50 < sum(old_style_figures(f) for fam in families("train") for f in fam if f.kind == "ttf") < 400
+
+
+def test_a_pair_exported_again_keeps_its_tensors_and_takes_new_hints(tmp_path, model, vocab):
+    """`python -m training.export PAIR_DIR OUT --line-stretch 1.12` writes the same tensors, bit
+    for bit, with pantheon.reader.line_stretch added (how the shipped pair got its stretch)."""
+    import gguf
+
+    from training.export import main
+
+    export(model, vocab, tmp_path / "a")
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--line-stretch", "1.12"]) == 0
+    for name in ("pantheon-reader.gguf", "mmproj-pantheon-reader.gguf"):
+        a, b = (gguf.GGUFReader(tmp_path / d / name) for d in ("a", "b"))
+        assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+        assert all(t.tensor_type == u.tensor_type and np.array_equal(t.data, u.data) for t, u in zip(a.tensors, b.tensors))
+    vlm = load_vlm(tmp_path / "b" / "pantheon-reader.gguf", tmp_path / "b" / "mmproj-pantheon-reader.gguf")
+    assert abs(vlm.hints.line_stretch - 1.12) < 1e-6
+    assert load_vlm(tmp_path / "a" / "pantheon-reader.gguf", tmp_path / "a" / "mmproj-pantheon-reader.gguf").hints.line_stretch == 1.0

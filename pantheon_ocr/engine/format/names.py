@@ -110,6 +110,7 @@ READER_SEGMENT = "pantheon.reader.segment"  # page, blocks or lines
 READER_LINE_HEIGHT = "pantheon.reader.line_height"
 READER_PAGE_EDGE = "pantheon.reader.page_edge"
 READER_LINE_WIDTH = "pantheon.reader.line_width"
+READER_LINE_STRETCH = "pantheon.reader.line_stretch"  # a line crop's width scale
 
 # -- tensors: text GGUF ---------------------------------------------------------------------------
 TOKEN_EMBD = "token_embd.weight"

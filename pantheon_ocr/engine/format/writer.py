@@ -263,9 +263,13 @@ def mmproj_metadata(general: Mapping[str, Any], file_type: int, *, projection_di
             N.V_SPATIAL_MERGE_SIZE: merge, N.QUANTIZATION_VERSION: QUANT_VERSION, **(reader or {})}
 
 
-def reader_metadata(segment: str, line_height: int, page_edge: int, line_width: int = 0) -> dict[str, Any]:
-    """How a trained reader wants its pages (pantheon.reader.*); line_width 0: not written."""
+def reader_metadata(segment: str, line_height: int, page_edge: int, line_width: int = 0,
+                    line_stretch: float = 1.0) -> dict[str, Any]:
+    """How a trained reader wants its pages (pantheon.reader.*); line_width 0 and line_stretch 1:
+    not written."""
     meta = {N.READER_SEGMENT: segment, N.READER_LINE_HEIGHT: line_height, N.READER_PAGE_EDGE: page_edge}
     if line_width:
         meta[N.READER_LINE_WIDTH] = line_width
+    if line_stretch != 1.0:
+        meta[N.READER_LINE_STRETCH] = float(line_stretch)
     return meta

@@ -3,8 +3,8 @@
 A LightOnOCR file reads whole pages at its image size and names nothing. A reader trained to read
 lines (the bundled one, training/) names how the pipeline should cut pages for it, in
 `pantheon.reader.*` keys of its mmproj: the segment mode, the height of a line crop, the
-resolution pages are rendered at before they are cut, and the widest piece of a line it reads at
-once. `reading_hints` checks them and fills in what a file leaves out, once; the pipeline reads
+resolution pages are rendered at before they are cut, the widest piece of a line it reads at
+once, and how much wider than the page shows it a line crop is drawn. `reading_hints` checks them and fills in what a file leaves out, once; the pipeline reads
 `engine.hints` and nothing else.
 """
 
@@ -26,6 +26,9 @@ class ReadingHints:
     line_width: int  # the widest piece of a line read at once (px); wider lines are cut at word gaps
     page_edge: int  # pages are rendered at this longest edge (px) before they are cut or read
     patch_size: int  # every image side is rounded up to a multiple of this (px)
+    # A line crop is scaled to line_height and its width then by this: a reader whose tokens each
+    # cover two or three letters of a line tells doubled letters apart better a little wider.
+    line_stretch: float = 1.0
 
     @property
     def reads_lines(self) -> bool:
@@ -44,6 +47,7 @@ def reading_hints(gf: GGUFFile, longest_edge: int, patch_size: int, merge: int) 
     line_height = meta(gf, "pantheon.reader.line_height", int, 0)
     page_edge = meta(gf, "pantheon.reader.page_edge", int, 0)
     line_width = meta(gf, "pantheon.reader.line_width", int, 0)
+    line_stretch = meta(gf, "pantheon.reader.line_stretch", float, 1.0)
     if segment not in SEGMENT_MODES:
         raise ModelError(gf.path, f"'pantheon.reader.segment' is {segment!r}, expected one of {', '.join(SEGMENT_MODES)}")
     unit = patch_size * merge
@@ -55,5 +59,7 @@ def reading_hints(gf: GGUFFile, longest_edge: int, patch_size: int, merge: int) 
     if line_width and not 4 * unit <= line_width <= longest_edge:
         raise ModelError(gf.path, f"'pantheon.reader.line_width' ({line_width}) must be between {4 * unit} px "
                                   f"and the image size ({longest_edge} px)")
+    if not 0.5 <= line_stretch <= 2.0:
+        raise ModelError(gf.path, f"'pantheon.reader.line_stretch' ({line_stretch}) must be between 0.5 and 2")
     return ReadingHints(segment, line_height if segment == "lines" else 0, line_width or longest_edge,
-                        page_edge or longest_edge, patch_size)
+                        page_edge or longest_edge, patch_size, line_stretch)

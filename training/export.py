@@ -131,20 +131,37 @@ def load_checkpoint(path: Path) -> tuple[Reader, Vocab]:
     return model, vocab
 
 
+def _pair_hints(directory: Path) -> tuple[int, int, float]:
+    """(page_edge, line_width, line_stretch) as an exported pair's mmproj names them."""
+    from pantheon_ocr.engine.format.gguf import meta, open_gguf
+
+    from .gguf_import import _pair
+
+    gf = open_gguf(_pair(directory)[1])
+    return (meta(gf, N.READER_PAGE_EDGE, int, PAGE_EDGE), meta(gf, N.READER_LINE_WIDTH, int, 0),
+            round(meta(gf, N.READER_LINE_STRETCH, float, 1.0), 6))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path, help="a training checkpoint (.pt) or a directory holding an exported pair")
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--name", default="pantheon-reader")
     ap.add_argument("--f32", action="store_true", help="float32 matrices (default F16)")
-    ap.add_argument("--line-width", type=int, default=0,
-                    help="pantheon.reader.line_width: lines wider than this (px) are read in pieces (0: any width)")
-    ap.add_argument("--line-stretch", type=float, default=1.0,
-                    help="pantheon.reader.line_stretch: a line crop is drawn this much wider than the page shows it")
+    ap.add_argument("--line-width", type=int, default=None,
+                    help="pantheon.reader.line_width: lines wider than this (px) are read in pieces (0: any width; "
+                         "default 0, or an exported pair's own)")
+    ap.add_argument("--line-stretch", type=float, default=None,
+                    help="pantheon.reader.line_stretch: a line crop is drawn this much wider than the page shows it "
+                         "(default 1, or an exported pair's own)")
     a = ap.parse_args(argv)
     model, vocab = load_checkpoint(a.checkpoint)
-    for p in export(model, vocab, a.out_dir, a.name, f16=not a.f32, line_width=a.line_width,
-                    line_stretch=a.line_stretch):
+    page_edge, line_width, line_stretch = PAGE_EDGE, 0, 1.0
+    if a.checkpoint.is_dir():  # an exported pair keeps its own hints unless the flags change them
+        page_edge, line_width, line_stretch = _pair_hints(a.checkpoint)
+    for p in export(model, vocab, a.out_dir, a.name, f16=not a.f32, page_edge=page_edge,
+                    line_width=line_width if a.line_width is None else a.line_width,
+                    line_stretch=line_stretch if a.line_stretch is None else a.line_stretch):
         print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -27,6 +27,7 @@ PATCH = 14
 # X, the letters kerned together. Each piece: (letters, size factor, raise in em, kern before in em).
 LOGO_PIECES = {
     "TEX": (("T", 1, 0, 0), ("E", 1, -0.22, -0.1667), ("X", 1, 0, -0.125)),
+    # the A's raise: its top at the L's, (1 - 0.72) of a cap height of ~0.7 em
     "LATEX": (("L", 1, 0, 0), ("A", 0.72, 0.2, -0.36), ("T", 1, 0, -0.15), ("E", 1, -0.22, -0.1667), ("X", 1, 0, -0.125)),
 }
 LOGO_PREFIXES = ("", "pdf", "Lua")  # XeTeX's logo mirrors its E: not drawn
@@ -72,12 +73,8 @@ def _draw_word(draw: ImageDraw.ImageDraw | None, x: float, baseline: float, word
     for letter, scale, rise, kern in LOGO_PIECES[logo]:
         piece = face.pil(max(4, round(size * scale)))
         x += kern * size
-        if letter == "A":  # its top at the L's: raised by the difference of the cap heights
-            rise_px = (1 - scale) * 0.7 * size
-        else:
-            rise_px = rise * size
         if draw is not None:
-            draw.text((x, baseline - rise_px), letter, font=piece, fill=255, anchor="ls")
+            draw.text((x, baseline - rise * size), letter, font=piece, fill=255, anchor="ls")
         x += piece.getlength(letter)
     if draw is not None and tail:
         draw.text((x, baseline), tail, font=font, fill=255, anchor="ls")
@@ -155,7 +152,7 @@ def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.n
     words = text.split(" ")
     wide = rng.random() < 0.15
     gaps = [float(rng.uniform(1, 6)) if wide and rng.random() < 0.5 else 1.0 for _ in range(len(words) - 1)]
-    if ". ." in text:  # drawn only here: the other lines' draws stay as they were
+    if ". ." in text:  # a draw only for a line with a spaced leader
         leader = float(rng.uniform(1, 3))
         gaps = [leader if words[i] == "." and (words[i + 1] == "." or i and words[i - 1] == ".") else g
                 for i, g in enumerate(gaps)]
@@ -169,7 +166,12 @@ def draw_ink(text: str, face: Face, size: int, rng: np.random.Generator) -> np.n
 
 @lru_cache(maxsize=None)
 def old_style_figures(face: Face) -> bool:
-    """Whether the face draws other digits with its OpenType feature "onum" (217 of 399 here)."""
+    """Whether the face draws other digits with its OpenType feature "onum" (217 of 399 here); never
+    without Raqm (Pillow's basic layout applies no features: it raises KeyError)."""
+    from PIL import features as pil_features
+
+    if not pil_features.check("raqm"):
+        return False
     font = face.pil(30)
     drawn = []
     for features in (None, ["onum"]):

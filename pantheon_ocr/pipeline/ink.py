@@ -43,7 +43,7 @@ def ink_mask(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     isolated specks of a few pixels dropped from it as dust (a dot leader's dots are among them:
     segment.py looks for those)."""
     if int(grey.max()) - int(grey.min()) < 40:  # a blank or flat page: no ink
-        return (np.zeros(grey.shape, bool),) * 3
+        return tuple(np.zeros(grey.shape, bool) for _ in range(3))
     ink = grey < otsu(grey)
     h, w = ink.shape
     rules = _long_runs(ink, max(40, w // 12)) | _long_runs(ink.T, max(40, h // 18)).T

@@ -316,8 +316,9 @@ def _cells(ctx: _Ctx, b0: int, b1: int, x0: int, x1: int) -> list[tuple[int, int
 
 def _leader(ctx: _Ctx, b0: int, b1: int, g0: int, g1: int) -> bool:
     """Whether a dot leader fills the gap [g0, g1) of a band: three or more specks, each narrower
-    than a third of a line, on one level in the band's lower half (the baseline), evenly spaced
-    and running from near one side of the gap to near the other. The dust filter takes LaTeX's
+    than a third of a line, on one level below the band's top 40% (a baseline's dots, or a
+    centred dot's), evenly spaced at most 1.5 lines apart and running from near one side of the
+    gap to near the other. The dust filter takes LaTeX's
     leader dots out of the ink (they stand ~0.8 em apart), and the entries of a table of contents
     were cut at the leader: their page numbers read as cells of their own and the dots lost."""
     edge = int(0.25 * ctx.line_h)  # specks next to the letters either side: their anti-aliased edges
@@ -333,7 +334,7 @@ def _leader(ctx: _Ctx, b0: int, b1: int, g0: int, g1: int) -> bool:
         return False
     steps = np.diff((starts + ends) / 2)
     step = float(np.median(steps))
-    return bool(steps.min() > 0.75 * step and steps.max() < 1.25 * step
+    return bool(step <= 1.5 * ctx.line_h and steps.min() > 0.75 * step and steps.max() < 1.25 * step
                 and starts[0] <= 2.5 * step and (g1 - g0) - ends[-1] <= 2.5 * step)
 
 

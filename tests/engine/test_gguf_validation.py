@@ -161,8 +161,8 @@ BUNDLED_MMPROJ = Path(__file__).resolve().parents[2] / "pantheon_ocr" / "bundled
 
 
 @pytest.mark.parametrize("value, vtype, needle", [
-    (3.0, T.FLOAT32, "'pantheon.reader.line_stretch' (3.0) must be between 0.5 and 2"),
-    (0.0, T.FLOAT32, "'pantheon.reader.line_stretch' (0.0) must be between 0.5 and 2"),
+    (3.0, T.FLOAT32, "'pantheon.reader.line_stretch' (3) must be between 0.5 and 2"),
+    (0.0, T.FLOAT32, "'pantheon.reader.line_stretch' (0) must be between 0.5 and 2"),
     (float("nan"), T.FLOAT32, "'pantheon.reader.line_stretch' (nan) must be between 0.5 and 2"),
     ("wide", T.STRING, "'pantheon.reader.line_stretch' must be"),
 ])

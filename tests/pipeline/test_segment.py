@@ -223,7 +223,8 @@ def test_a_cell_holding_lines_of_its_own_is_read_line_by_line():
 def contents_page(entries: list[tuple[str, str]], dot_rows: str = "baseline", spacing=(22,), seed=0) -> np.ndarray:
     """A table of contents: each title at x 150, its page number at x 1400, and specks of 3 x 3 px
     between them (a LaTeX leader's dots at a 2,200-px page are that size, and the dust filter drops
-    them): on the baseline `spacing` px apart (cycled), or scattered (`dot_rows="random"`)."""
+    them): on the baseline `spacing` px apart (cycled), as high as the capitals ("cap"), or
+    scattered ("random")."""
     img = Image.new("L", (1700, 200 + 60 * len(entries)), 250)
     d = ImageDraw.Draw(img)
     rng = np.random.default_rng(seed)
@@ -233,13 +234,13 @@ def contents_page(entries: list[tuple[str, str]], dot_rows: str = "baseline", sp
         d.text((1400, y), number, font=FONT, fill=20)
         x0, x1 = 150 + int(FONT.getlength(title)) + 20, 1380
         top, bottom = d.textbbox((150, y), "x", font=FONT)[1::2]
-        if dot_rows == "baseline":
+        if dot_rows in ("baseline", "cap"):
             xs, x, k = [], x0, 0
             while x < x1:
                 xs.append(x)
                 x += spacing[k % len(spacing)]
                 k += 1
-            ys = [bottom - 3] * len(xs)
+            ys = [bottom - 3 if dot_rows == "baseline" else top - 2] * len(xs)
         else:
             xs = sorted(rng.integers(x0, x1, 12))
             ys = rng.integers(top - 12, bottom, 12)
@@ -261,9 +262,15 @@ def test_a_contents_entry_with_a_dot_leader_is_one_line():
 
 
 def test_specks_that_are_no_leader_still_part_cells():
-    """Dust scattered over a gap, or specks set high above the baseline, are no leader: a table
-    row's cells stay apart."""
+    """Dust scattered over a gap, specks on the baseline at uneven spacing, even specks at the cap
+    height, or specks lines apart are no leader: a table row's cells stay apart."""
     entries = [("Region", "1,200"), ("North", "950")]
     for seed in range(4):
         regions, _ = segment(contents_page(entries, dot_rows="random", seed=seed))
         assert len(regions) == 4, seed
+        uneven = tuple(int(s) for s in np.random.default_rng(seed).integers(8, 60, 8))
+        regions, _ = segment(contents_page(entries, spacing=uneven))
+        assert len(regions) == 4, uneven
+    for kind, spacing in (("cap", (22,)), ("baseline", (90,))):
+        regions, _ = segment(contents_page(entries, dot_rows=kind, spacing=spacing))
+        assert len(regions) == 4, kind

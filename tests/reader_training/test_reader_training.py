@@ -207,12 +207,15 @@ def test_a_pair_exported_again_keeps_its_tensors_and_takes_new_hints(tmp_path, m
 
     from training.export import main
 
-    export(model, vocab, tmp_path / "a")
+    export(model, vocab, tmp_path / "a", line_width=280)
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--line-stretch", "1.12"]) == 0
+    assert main([str(tmp_path / "b"), str(tmp_path / "c")]) == 0  # keeps b's hints: 280 and 1.12
     for name in ("pantheon-reader.gguf", "mmproj-pantheon-reader.gguf"):
         a, b = (gguf.GGUFReader(tmp_path / d / name) for d in ("a", "b"))
         assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
         assert all(t.tensor_type == u.tensor_type and np.array_equal(t.data, u.data) for t, u in zip(a.tensors, b.tensors))
-    vlm = load_vlm(tmp_path / "b" / "pantheon-reader.gguf", tmp_path / "b" / "mmproj-pantheon-reader.gguf")
-    assert abs(vlm.hints.line_stretch - 1.12) < 1e-6
+    for d in ("b", "c"):
+        vlm = load_vlm(tmp_path / d / "pantheon-reader.gguf", tmp_path / d / "mmproj-pantheon-reader.gguf")
+        assert abs(vlm.hints.line_stretch - 1.12) < 1e-6 and vlm.hints.line_width == 280, d
+    assert (tmp_path / "b" / "mmproj-pantheon-reader.gguf").read_bytes() == (tmp_path / "c" / "mmproj-pantheon-reader.gguf").read_bytes()
     assert load_vlm(tmp_path / "a" / "pantheon-reader.gguf", tmp_path / "a" / "mmproj-pantheon-reader.gguf").hints.line_stretch == 1.0

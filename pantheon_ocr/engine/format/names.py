@@ -111,6 +111,7 @@ READER_LINE_HEIGHT = "pantheon.reader.line_height"
 READER_PAGE_EDGE = "pantheon.reader.page_edge"
 READER_LINE_WIDTH = "pantheon.reader.line_width"
 READER_LINE_STRETCH = "pantheon.reader.line_stretch"  # a line crop's width scale
+READER_LINE_STRETCH_RANGE = (0.5, 2.0)
 
 # -- tensors: text GGUF ---------------------------------------------------------------------------
 TOKEN_EMBD = "token_embd.weight"

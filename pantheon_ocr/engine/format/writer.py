@@ -270,6 +270,9 @@ def reader_metadata(segment: str, line_height: int, page_edge: int, line_width: 
     meta = {N.READER_SEGMENT: segment, N.READER_LINE_HEIGHT: line_height, N.READER_PAGE_EDGE: page_edge}
     if line_width:
         meta[N.READER_LINE_WIDTH] = line_width
+    lo, hi = N.READER_LINE_STRETCH_RANGE
+    if not lo <= line_stretch <= hi:
+        raise ValueError(f"line_stretch must be between {lo} and {hi}, not {line_stretch}")
     if line_stretch != 1.0:
         meta[N.READER_LINE_STRETCH] = float(line_stretch)
     return meta

@@ -4,8 +4,9 @@ A LightOnOCR file reads whole pages at its image size and names nothing. A reade
 lines (the bundled one, training/) names how the pipeline should cut pages for it, in
 `pantheon.reader.*` keys of its mmproj: the segment mode, the height of a line crop, the
 resolution pages are rendered at before they are cut, the widest piece of a line it reads at
-once, and how much wider than the page shows it a line crop is drawn. `reading_hints` checks them and fills in what a file leaves out, once; the pipeline reads
-`engine.hints` and nothing else.
+once, and how much wider than the page shows it a line crop is drawn. `reading_hints` checks
+them and fills in what a file leaves out, once; the pipeline reads `engine.hints` and nothing
+else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from ...errors import ModelError
 from ...options import MAX_LONGEST_EDGE as MAX_IMAGE_SIDE
 from ...options import SEGMENT_MODES
+from ..format import names as N
 from ..format.gguf import GGUFFile, meta
 
 
@@ -43,11 +45,11 @@ def page_hints(longest_edge: int, patch_size: int) -> ReadingHints:
 
 def reading_hints(gf: GGUFFile, longest_edge: int, patch_size: int, merge: int) -> ReadingHints:
     """The `pantheon.reader.*` keys of an mmproj, checked; each problem names the key and the file."""
-    segment = meta(gf, "pantheon.reader.segment", str, "page")
-    line_height = meta(gf, "pantheon.reader.line_height", int, 0)
-    page_edge = meta(gf, "pantheon.reader.page_edge", int, 0)
-    line_width = meta(gf, "pantheon.reader.line_width", int, 0)
-    line_stretch = meta(gf, "pantheon.reader.line_stretch", float, 1.0)
+    segment = meta(gf, N.READER_SEGMENT, str, "page")
+    line_height = meta(gf, N.READER_LINE_HEIGHT, int, 0)
+    page_edge = meta(gf, N.READER_PAGE_EDGE, int, 0)
+    line_width = meta(gf, N.READER_LINE_WIDTH, int, 0)
+    line_stretch = meta(gf, N.READER_LINE_STRETCH, float, 1.0)
     if segment not in SEGMENT_MODES:
         raise ModelError(gf.path, f"'pantheon.reader.segment' is {segment!r}, expected one of {', '.join(SEGMENT_MODES)}")
     unit = patch_size * merge
@@ -59,7 +61,8 @@ def reading_hints(gf: GGUFFile, longest_edge: int, patch_size: int, merge: int) 
     if line_width and not 4 * unit <= line_width <= longest_edge:
         raise ModelError(gf.path, f"'pantheon.reader.line_width' ({line_width}) must be between {4 * unit} px "
                                   f"and the image size ({longest_edge} px)")
-    if not 0.5 <= line_stretch <= 2.0:
-        raise ModelError(gf.path, f"'pantheon.reader.line_stretch' ({line_stretch}) must be between 0.5 and 2")
+    lo, hi = N.READER_LINE_STRETCH_RANGE
+    if not lo <= line_stretch <= hi:
+        raise ModelError(gf.path, f"'{N.READER_LINE_STRETCH}' ({line_stretch:.4g}) must be between {lo:g} and {hi:g}")
     return ReadingHints(segment, line_height if segment == "lines" else 0, line_width or longest_edge,
                         page_edge or longest_edge, patch_size, line_stretch)

@@ -211,6 +211,20 @@ def test_stdout_with_several_documents_names_each(tmp_path):
     assert [json.loads(h[len("<!-- pantheon-ocr: "):-4])["source"] for h in heads] == [str(d) for d in docs]
 
 
+def test_read_gives_a_failed_page_its_text_layer_as_transcribe_writes_it(tmp_path):
+    """A page that failed takes the PDF's text layer (the default --text-layer fallback): transcribe
+    wrote it so, but read() gave the failed page with no text, as the failure came before the
+    fallback (found by a probe)."""
+    src = text_pdf(tmp_path / "t.pdf")
+    failing = pantheon_ocr.Reader(MODEL, max_tokens=6, render_workers=1, page_timeout=1e-6)
+    pages = list(failing.read(src))
+    assert [p.source for p in pages] == ["text-layer", "text-layer"] and all(p.error for p in pages)
+    assert "page 2." in pages[1].text
+    failing.transcribe([src], tmp_path / "out", formats=("jsonl",))
+    written = [json.loads(x) for x in (tmp_path / "out" / "t.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in written] == [p.text for p in pages]
+
+
 def test_a_page_range_the_document_does_not_have_fails(tmp_path):
     proc = cli("transcribe", DOCS / "text-1page.pdf", "--pages", "5", "--model", MODEL, "-o", tmp_path, "--no-progress")
     assert proc.returncode == 1, proc.stderr

@@ -15,6 +15,7 @@ pages when a minute went by without one (a long document):
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -61,6 +62,23 @@ def _paced(p) -> bool:
     return p.done_before_reading < p.pages_done < p.pages_total
 
 
+def _columns(stream) -> int:
+    """The width of the terminal `stream` draws on: COLUMNS where set, else the stream's own
+    terminal. shutil.get_terminal_size asks stdout's, which is a file or a pipe under `-o - > f`
+    or `| less` while the line goes to stderr: lines as wide as 100 wrapped on a narrow
+    terminal and left a trail of half lines."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size((100, 20)).columns
+
+
 class LiveLine(ProgressDisplay):
     def __init__(self, stream):
         self.stream, self.last, self.width = stream, 0.0, 0
@@ -79,7 +97,7 @@ class LiveLine(ProgressDisplay):
                 + f" · {p.tokens:,} tok {rate:.0f} tok/s · {_clock(p.elapsed)}" + left)
         stages = (f" [docs {p.docs_done}/{p.docs_total} · render {p.rendered} · vision {p.encoded} · "
                   f"prefill {p.prefilled} · decoding {p.decoding}]")
-        width = shutil.get_terminal_size((100, 20)).columns - 1
+        width = _columns(self.stream) - 1
         line = (head + stages if len(head) + len(stages) <= width else head)[:width]
         self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
         self.width = len(line)

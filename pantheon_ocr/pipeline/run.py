@@ -283,6 +283,10 @@ class _Run:
             self._record(item)
 
     def _record(self, result: PageResult) -> None:
+        if result.error is not None and self.fallback is not None and self.options.fallback_in_pipeline:
+            # Now, not when the document is done: on_page (the API's read) sees the page as the
+            # outputs will hold it, its text layer standing in
+            result = self.fallback.apply([result], self.stop)[0]
         self.pages_done += 1
         self.tokens += result.n_tokens
         self.pages_failed += result.error is not None

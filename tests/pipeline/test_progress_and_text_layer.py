@@ -82,12 +82,42 @@ def test_the_live_line_keeps_failures_speed_and_clock_on_a_narrow_terminal(monke
     from pantheon_ocr.pipeline.types import Progress
 
     monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: _os.terminal_size((columns, 24)))
+    monkeypatch.delenv("COLUMNS", raising=False)
     tty = io.StringIO()
     LiveLine(tty)(Progress(1234, 5678, 2, 1_234_567, 12, 40, 3725.0, 1240, 1238, 1236, 8))
     line = tty.getvalue().strip("\r\n")
     assert line.startswith("pages 1234/5678 · 2 failed · 1,234,567 tok 331 tok/s · 1:02:05") and len(line) < columns
     assert ("[docs 12/40 · render 1240 · vision 1238 · prefill 1236 · decoding 8]" in line) == (columns == 200)
     assert "1:02:05 · ~3:43:34 left" in line  # 3725 s for 1234 pages, 4444 to go
+
+
+def test_the_live_line_fits_the_terminal_it_is_drawn_on_not_stdouts(monkeypatch):
+    """The line goes to stderr; its width came from stdout's terminal (shutil), 100 columns where
+    stdout is a file (`-o - > f`, `| less`), so on a 60-column terminal every redraw wrapped."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from pantheon_ocr.pipeline.types import Progress
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: os.terminal_size((100, 24)))  # stdout's
+    master, slave = pty.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+        with os.fdopen(slave, "w", closefd=False) as stderr:
+            LiveLine(stderr)(Progress(1234, 5678, 2, 1_234_567, 12, 40, 3725.0, 1240, 1238, 1236, 8))
+        drawn = os.read(master, 4096).decode().strip("\r\n")
+        assert drawn.startswith("pages 1234/5678") and len(drawn) < 60, drawn
+        monkeypatch.setenv("COLUMNS", "90")  # said by the user: it wins
+        with os.fdopen(slave, "w", closefd=False) as stderr:
+            LiveLine(stderr)(Progress(1234, 5678, 2, 1_234_567, 12, 40, 3725.0, 1240, 1238, 1236, 8))
+        drawn = os.read(master, 4096).decode().strip("\r\n")
+        assert 60 <= len(drawn) < 90, drawn
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 def test_a_live_line_cut_short_ends_before_what_follows():

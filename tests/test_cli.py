@@ -214,6 +214,25 @@ def test_a_model_path_that_is_not_there_is_exit_3_naming_it(tmp_path):
     assert code == 3 and "nope.gguf: no such model file" in err and "--mmproj" not in err
 
 
+def test_a_lone_model_file_that_is_no_gguf_is_exit_3_naming_it(tmp_path):
+    """A lone --model that is some other file (a PDF, a text) was told to add --mmproj (exit 2), and
+    only then said to be no GGUF (found by a probe). It is a model problem, said at once; a real
+    GGUF alone still asks for its mmproj."""
+    from pantheon_ocr.errors import ModelError, OptionError
+    from pantheon_ocr.modelfiles import resolve as loader
+
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a model")
+    with pytest.raises(ModelError, match="fake.gguf: not a GGUF file") as e:
+        loader.resolve_model(fake, None)
+    assert e.value.option == "model"
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", fake, "-o", tmp_path / "o")
+    assert code == 3 and "not a GGUF file" in err and "--mmproj" not in err
+    text = ROOT / "pantheon_ocr" / "bundled" / "reader" / "pantheon-reader.gguf"
+    with pytest.raises(OptionError, match="required with the text model"):
+        loader.resolve_model(text, None)
+
+
 @pytest.mark.parametrize("flag, value, says", [("--seed", "-1", "x>=0"), ("--threads", "100000", "1<=x<=512"),
                                                ("--render-workers", "10000", "1<=x<=512")])
 def test_counts_past_their_range_are_refused_naming_the_flag(tmp_path, flag, value, says):

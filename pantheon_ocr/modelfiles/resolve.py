@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import ModelError, OptionError, UsageError
+from ..engine.format.gguf import GGUF_MAGIC
 from .catalog import local_pair, parse_name
 
 NO_MODEL = ("no model given and this install has no bundled reader: pull one (`pantheon-ocr models pull lightonocr-2`) "
@@ -69,5 +70,16 @@ def resolve_model(model: str | Path | None, mmproj: str | Path | None) -> tuple[
     if proj is None:
         if not text.exists():  # a typo in the path is that, not a missing --mmproj
             raise ModelError(text, "no such model file", "model")
+        if text.is_file() and not _starts_as_gguf(text):  # nor is a file that is no model at all
+            raise ModelError(text, "not a GGUF file (it does not start with b'GGUF')", "model")
         raise OptionError("mmproj", f"required with the text model {text} (the vision half of the pair)")
     return text, proj
+
+
+def _starts_as_gguf(path: Path) -> bool:
+    """Whether the file starts with GGUF's magic (unreadable: said so by loading later)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return True

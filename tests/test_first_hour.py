@@ -331,10 +331,13 @@ def test_archive_report_writes_a_runs_report_again(tmp_path):
 def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
     """Without `if __name__ == "__main__":` each render worker imports the script and starts a run
     of its own; the error ended 'Is the main module importable by worker processes?', which points
-    away from the fix."""
+    away from the fix. It is the library's error (a ResourceError: a caller catching PantheonError
+    catches it), not a bare RuntimeError."""
     script = tmp_path / "noguard.py"
     script.write_text(f"import pantheon_ocr\nr = pantheon_ocr.Reader({str(MODEL)!r}, max_tokens=2)\n"
                       f"print([p.page for p in r.read({str(DOCS / 'text-1page.pdf')!r})])\n")
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert 'must do it under `if __name__ == "__main__":`' in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+    last = proc.stderr.splitlines()[-1]
+    assert 'must do it under `if __name__ == "__main__":`' in last and last.startswith("pantheon_ocr.errors.ResourceError"), \
+        proc.stderr[-2000:]

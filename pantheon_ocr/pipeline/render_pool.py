@@ -356,7 +356,9 @@ class RenderPool:
         old.stop(grace=0.0)
         if self._start_failures >= 3:
             self._workers.pop(i)
-            raise RuntimeError(
+            # The library's error, so that a caller catching PantheonError catches it: out of
+            # processes or memory, or (the usual case from Python) a script with no main guard
+            raise ResourceError(
                 f"render worker processes fail to start ({_describe_exit(old.process.exitcode)}); "
                 "see the messages above. A script that reads with pantheon_ocr must do it under "
                 "`if __name__ == \"__main__\":` (each worker process imports the script again, which then "

@@ -60,19 +60,25 @@ class LazyGroup(click.Group):
 
 VERBOSE = ("-v", "--verbose")
 VERBOSE_HELP = "Show tracebacks and debug detail (before or after the command)."
+QUIET = ("-q", "--quiet")
+QUIET_HELP = ("Say only what went wrong: no progress, engine line, notes or line per document done "
+              "(before or after the command).")
 
 
-def _verbose(ctx: click.Context, param, value: bool) -> None:
-    if value:
-        ctx.find_root().ensure_object(dict)["verbose"] = True
+def _switch(key: str):
+    def callback(ctx: click.Context, param, value: bool) -> None:
+        if value:
+            ctx.find_root().ensure_object(dict)[key] = True
+    return callback
 
 
 def _with_verbose(command: click.Command) -> click.Command:
-    """-v after the command too (`transcribe docs -v`, as the notes' "-v says why" invites): the
-    same switch as before it, on every command and subcommand."""
-    if not any(p.name == "verbose" for p in command.params):
-        command.params.append(click.Option(list(VERBOSE), is_flag=True, expose_value=False, callback=_verbose,
-                                           help=VERBOSE_HELP))
+    """-v and -q after the command too (`transcribe docs -v`, as the notes' "-v says why" invites):
+    the same switches as before it, on every command and subcommand."""
+    for name, flags, help_ in (("verbose", VERBOSE, VERBOSE_HELP), ("quiet", QUIET, QUIET_HELP)):
+        if not any(p.name == name for p in command.params):
+            command.params.append(click.Option(list(flags), is_flag=True, expose_value=False, callback=_switch(name),
+                                               help=help_))
     for sub in command.commands.values() if isinstance(command, click.Group) else ():
         _with_verbose(sub)
     return command
@@ -80,11 +86,12 @@ def _with_verbose(command: click.Command) -> click.Command:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(*VERBOSE, is_flag=True, help=VERBOSE_HELP)
+@click.option(*QUIET, is_flag=True, help=QUIET_HELP)
 @click.version_option(package_name="pantheon-ocr")
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool) -> None:
+def cli(ctx: click.Context, verbose: bool, quiet: bool) -> None:
     """pantheon-ocr: bulk OCR of PDFs and page images with LightOnOCR GGUF models."""
-    ctx.obj = {"verbose": verbose}
+    ctx.obj = {"verbose": verbose, "quiet": quiet}
 
 
 def main(argv: list[str] | None = None) -> int:

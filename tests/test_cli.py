@@ -214,6 +214,24 @@ def test_a_model_path_that_is_not_there_is_exit_3_naming_it(tmp_path):
     assert code == 3 and "nope.gguf: no such model file" in err and "--mmproj" not in err
 
 
+def test_quiet_says_only_what_went_wrong(tmp_path):
+    """-q (before or after the command) for cron jobs and scripts: a run that went well says nothing
+    on stderr (no engine line, notes, progress or summary), one with a failure says the failure and
+    nothing else, and the exit codes stay (there was no -q: only 2>/dev/null, which hid errors too)."""
+    for args in (("-q", "transcribe"), ("transcribe", "-q")):  # the bundled reader: its page ends by itself
+        code, out, err = run(*args, DOCS / "text-1page.pdf", "-o", tmp_path / args[0])
+        assert code == 0 and out == "" and err == "", err
+        assert (tmp_path / args[0] / "text-1page.md").exists()
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", tmp_path / "nope.pdf", "--model", MODEL, "-o", tmp_path / "b",
+                       "--max-tokens", 4, "-q")  # the tiny model's page is cut at 4 tokens: a problem, said too
+    assert code == 1 and err.splitlines() == [
+        "1 input path unreadable:", f"  {tmp_path / 'nope.pdf'}: no such file or folder",
+        "note: 1 page stopped at --max-tokens: its text is cut short (marked stopped at max_tokens in the outputs); "
+        "a higher --max-tokens reads on"], err
+    code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "c", "--max-tokens", 4)
+    assert code == 0 and "engine:" in err and "1 document (1 written)" in err  # without -q, as before
+
+
 def test_a_lone_model_file_that_is_no_gguf_is_exit_3_naming_it(tmp_path):
     """A lone --model that is some other file (a PDF, a text) was told to add --mmproj (exit 2), and
     only then said to be no GGUF (found by a probe). It is a model problem, said at once; a real

@@ -8,7 +8,7 @@ import time
 import click
 
 from ..errors import ExitCode, UsageError
-from .common import count, count_by, sigterm_as_interrupt
+from .common import count, count_by, sigterm_as_interrupt, switch
 
 
 @click.group()
@@ -58,7 +58,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_sta
     if ray_workers and address is None:
         raise UsageError("--ray-workers runs on Ray: give --ray ADDRESS, or [ray] address in the job file")
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
-    show = click.get_text_stream("stderr").isatty() if progress is None else progress
+    show = click.get_text_stream("stderr").isatty() and not switch("quiet") if progress is None else progress
 
     bar = progress_bar() if show else None
 

@@ -51,13 +51,20 @@ def sigterm_as_interrupt():
             signal.signal(signal.SIGTERM, previous)
 
 
+def switch(name: str) -> bool:
+    """Whether the global switch -v ("verbose") or -q ("quiet") was given, before or after the command."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and (ctx.find_root().obj or {}).get(name))
+
+
 def echo_notes(notes: list[str]) -> None:
     """The engine's notes: what `auto` chose in one line (with its reasons under -v), the rest as
-    they are."""
+    they are; nothing under -q."""
     from ..engine.loader import PLAN_NOTES
 
-    ctx = click.get_current_context(silent=True)
-    verbose = bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))
+    if switch("quiet"):
+        return
+    verbose = switch("verbose")
     plan = [n for n in notes if n.startswith(PLAN_NOTES)]
     if plan:
         if verbose:
@@ -70,11 +77,14 @@ def echo_notes(notes: list[str]) -> None:
             click.echo(f"note: {n}", err=True)
 
 
-def summary_lines(summary, to_stdout: bool = False) -> list[str]:
+def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list[str]:
     """The end of a run, documents and pages counted apart: a line per document (its outputs,
-    unless they went to standard output), the failures, then the totals."""
+    unless they went to standard output), the failures, then the totals. `quiet` (-q): only what
+    went wrong (documents not written whole, the failures, pages cut short, an interruption)."""
     lines = []
     for d in summary.documents:
+        if quiet and d.status in ("written", "skipped"):
+            continue
         outs = "" if to_stdout else ", ".join(path_text(o) for o in d.outputs)
         lines.append(f"{d.status:11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "")
                      + (f" ({d.note})" if d.note else ""))
@@ -96,6 +106,8 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
         lines.append("interrupted: finished documents are complete" + (
             "; unfinished ones hold the pages read so far, and the next run reads only the rest" if kept
             else ", the rest was not written"))
+    if quiet:
+        return lines
     by_status: dict[str, int] = {}
     for d in summary.documents:
         by_status[d.status] = by_status.get(d.status, 0) + 1
@@ -110,5 +122,5 @@ def summary_lines(summary, to_stdout: bool = False) -> list[str]:
 
 
 def echo_summary(summary, to_stdout: bool = False) -> None:
-    for line in summary_lines(summary, to_stdout):
+    for line in summary_lines(summary, to_stdout, quiet=switch("quiet")):
         click.echo(line, err=True)

@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..errors import path_text
+from .common import switch
 
 # The limits of modelfiles/transfer.py, as this command shows them: flag (if any), variable.
 LIMIT_FLAGS = {"timeout": "--timeout or PANTHEON_HUB_TIMEOUT", "deadline": "--deadline or PANTHEON_HUB_DEADLINE",
@@ -47,7 +48,7 @@ def pull(name, quant, revision, progress, timeout, deadline) -> None:
     from ..modelfiles.hub import pull as pull_model
     from ..modelfiles.transfer import Limits
 
-    show = sys.stderr.isatty() if progress is None else progress
+    show = sys.stderr.isatty() and not switch("quiet") if progress is None else progress
     limits = Limits.from_env(timeout=timeout, deadline=deadline)
     try:
         got = pull_model(name, quant, revision, progress=show, log=lambda line: click.echo(line, err=True),

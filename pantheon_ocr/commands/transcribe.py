@@ -40,7 +40,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..pipeline.naming import HEADER_PREFIX
     from ..pipeline.outputs import check_output_folder
     from ..pipeline.types import RunInterrupted
-    from .common import echo_notes, echo_summary, sigterm_as_interrupt
+    from .common import echo_notes, echo_summary, sigterm_as_interrupt, switch
     from .progress import progress_bar
 
     if text_fallback is not None:
@@ -77,7 +77,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         echo_notes(reader.notes)
-        bar = progress_bar(written="read" if to_stdout else "written") if progress else None
+        bar = progress_bar(written="read" if to_stdout else "written") if progress and not switch("quiet") else None
         try:
             summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing,
                                         keep_unfinished=not to_stdout)

@@ -8,6 +8,8 @@ import sys
 import click
 
 from ..errors import ModelError, UsageError
+from ..options import SamplingOptions
+from .options import table_options
 
 
 @click.command()
@@ -63,11 +65,11 @@ def _described(info: dict) -> list[str]:
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False), help="Decoder GGUF file.")
 @click.option("--prompt", required=True, help="Prompt text ('-' reads standard input).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
-@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
-@click.option("--weights", type=click.Choice(["quantized", "f32"]), default="quantized", show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0))
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--seed", type=int, default=None)
+@click.option("--weights", type=click.Choice(["quantized", "f32"]), default="quantized", show_default=True,
+              help="Weight storage: kept quantized (least memory) or resident float32 (numpy, the reference).")
+# the sampling table's options, as transcribe's; a generation is no page, so its own budget
+@table_options(SamplingOptions, "max_tokens", "temperature", "top_p", "seed",
+               max_tokens={"default": 128, "help": "New tokens at most."})
 def generate(model_path, prompt, chat, max_tokens, weights, temperature, top_p, seed) -> None:
     """Generate text with a GGUF decoder model, streaming tokens as they come."""
     from ..engine.loader import load_model

@@ -173,7 +173,8 @@ class EngineOptions:
     mmproj: Path
     weights: str = option("auto", "Weight storage: resident float32 (numpy, the reference), bfloat16 (torch: half "
                                    "the memory), int8 rows (torch: a quarter of the memory, the fastest decode; "
-                                   "Q4_0 / Q4_1 matrices stay 4-bit), kept quantized (least memory), or auto: int8 "
+                                   "Q4_0 / Q4_1 matrices stay 4-bit, Q5_0 / Q5_1 5-bit and Q8_0 its blocks where the compiled products "
+                                   "build), kept quantized (least memory), or auto: int8 "
                                    "for a large model with torch installed, else float32.", choices=WEIGHT_CHOICES)
     vision_backend: str = option("auto", "Where the vision stage runs: numpy (the reference), torch, Core ML, or auto: "
                                          "the fastest installed for this model (numpy for small towers).",

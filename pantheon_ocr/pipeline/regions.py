@@ -97,7 +97,7 @@ class RegionGroup:
         -0.01 to -0.23 a token (tables and code down to 0.28 letters); the same pages scanned badly
         (halved, blurred, noisy: CER 0.33) down to -1.7, but 0.63 letters and more but one block
         of garbage; pictures -0.51 to -1.32 and 0.07 to 0.55 letters. The pages of
-        scripts/eval_pictures.py read at CER 0.013 with it, 0.280 without (stretch 10's pair). (A
+        scripts/eval_pictures.py read at CER 0.014 with it, 0.312 without (stretch 11's pair). (A
         sequence stopped at max_tokens scored no end token: its block's mean comes out a little
         higher than it was, so the block is kept if anything.)"""
         by_block: dict[int, list[int]] = {}

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -66,15 +65,10 @@ def read_lines(engine, lines, batch: int = 64) -> list[str]:
 
 
 def pieces_of(engine, image: np.ndarray) -> list:
-    """A line image as the pipeline feeds it: drawn wider by the reader's line_stretch, whole if it
-    then fits its line_width, else cut."""
+    """A line image as the pipeline feeds it (segment.line_images over the whole image): drawn wider
+    by the reader's line_stretch, whole if it then fits its line_width, else cut."""
     hints = engine.hints
     h, w = image.shape
-    if round(w * hints.line_stretch) <= hints.line_width:
-        if hints.line_stretch == 1.0:
-            return [image]
-        width = -(-round(w * hints.line_stretch) // hints.patch_size) * hints.patch_size
-        return [np.asarray(Image.fromarray(image).resize((width, h), Image.BICUBIC))]
     return line_images(image, (0, 0, w, h), h, hints.patch_size, hints.line_width, hints.line_stretch)
 
 

@@ -284,8 +284,8 @@ class _Run:
 
     def _record(self, result: PageResult) -> None:
         if result.error is not None and self.fallback is not None and self.options.fallback_in_pipeline:
-            # Now, not when the document is done: on_page (the API's read) sees the page as the
-            # outputs will hold it, its text layer standing in
+            # Here, the one place, not when the document is done: on_page (the API's read) sees the
+            # page as the outputs will hold it, its text layer standing in
             result = self.fallback.apply([result], self.stop)[0]
         self.pages_done += 1
         self.tokens += result.n_tokens
@@ -320,8 +320,6 @@ class _Run:
                 PageFailure(str(doc.path), None, f"changed while it was being read ({state.changed}): "
                                                  f"{written}; run again to read the new version"),), note=state.note)
             return
-        if self.fallback is not None and self.options.fallback_in_pipeline:
-            results = self.fallback.apply(results, self.stop)
         failures = tuple(PageFailure(str(doc.path), r.page, r.error + (" (the PDF's text layer stands in)" if r.from_text_layer else ""))
                          for r in results if r.error is not None)
         if all(r.error is not None and not r.from_text_layer for r in results):

@@ -81,12 +81,16 @@ def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list
     """The end of a run, documents and pages counted apart: a line per document (its outputs,
     unless they went to standard output), the failures, then the totals. `quiet` (-q): only what
     went wrong (documents not written whole, the failures, pages cut short, an interruption)."""
+    from ..pipeline.types import OUTPUTS_EXIST  # here: `models` and `archive` import this module, not the pipeline
+
     lines = []
+    # A document sent to standard output was read, not written anywhere: said as the progress says it
+    said = {"written": "read"} if to_stdout else {}
     for d in summary.documents:
         if quiet and d.status in ("written", "skipped"):
             continue
         outs = "" if to_stdout else ", ".join(path_text(o) for o in d.outputs)
-        lines.append(f"{d.status:11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "")
+        lines.append(f"{said.get(d.status, d.status):11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "")
                      + (f" ({d.note})" if d.note else ""))
     page_failures = [f for d in summary.documents for f in d.failures if f.page is not None]
     doc_failures = [f for d in summary.documents for f in d.failures if f.page is None]
@@ -108,9 +112,14 @@ def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list
             else ", the rest was not written"))
     if quiet:
         return lines
+    kept = sum(d.status == "skipped" and d.note == OUTPUTS_EXIST for d in summary.documents)
+    if kept:  # a second run over the same folder reads nothing: say why, and how to read them again
+        lines.append(f"note: {count(kept, 'document')} skipped: {'its' if kept == 1 else 'their'} outputs exist "
+                     "(--overwrite reads them again)")
     by_status: dict[str, int] = {}
     for d in summary.documents:
-        by_status[d.status] = by_status.get(d.status, 0) + 1
+        status = said.get(d.status, d.status)
+        by_status[status] = by_status.get(status, 0) + 1
     # pages read by OCR; failed ones and those a text layer gave are said apart (they were not read)
     read = summary.pages_done - summary.pages_failed - summary.pages_from_text_layer
     pages = [f"{count(read, 'page')} read"] + [f"{summary.pages_failed} failed"] * bool(summary.pages_failed) \

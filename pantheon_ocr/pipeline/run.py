@@ -44,7 +44,7 @@ from .render import open_pages, render_page
 from .render_pool import RenderPool
 from .stages import POLL, StageCrashed, Stages
 from .unfinished import CHECKPOINT_EVERY, DocState, save_unfinished
-from .types import (NO_SELECTED_PAGE, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
+from .types import (NO_SELECTED_PAGE, OUTPUTS_EXIST, TEXT_LAYER, DocumentOutcome, PageEngine, PageFailure, PageResult, PageTask, PipelineOptions, Progress,
                     RunSummary)
 
 
@@ -189,7 +189,7 @@ class _Run:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
             elif claim.done and not opts.overwrite:
                 self.outcomes[doc.doc_id] = DocumentOutcome(
-                    doc, "skipped", outputs=tuple(claim.paths.documents(opts.formats)), note="outputs exist"
+                    doc, "skipped", outputs=tuple(claim.paths.documents(opts.formats)), note=OUTPUTS_EXIST
                 )
             else:
                 to_open.append(doc)

@@ -137,6 +137,8 @@ class PageFailure:
 # The note of a document none of whose selected pages exists: it was readable, so the run's exit
 # code is 1 (some failed), not 4 (nothing could be read).
 NO_SELECTED_PAGE = "none of the selected pages exists"
+# The note of a document skipped because its outputs are there from an earlier run
+OUTPUTS_EXIST = "outputs exist"
 
 
 class RunInterrupted(KeyboardInterrupt):

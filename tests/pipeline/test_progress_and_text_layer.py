@@ -178,6 +178,29 @@ def test_counts_keep_documents_and_pages_apart(tmp_path):
     assert summary_lines(summary)[-1].startswith("1 document (1 partial); 1 page read, 1 failed, ")
 
 
+def test_a_second_run_says_why_it_read_nothing_and_how_to_read_again(tmp_path):
+    """A run over a folder already done printed '3 documents (3 skipped); 0 pages read' and no hint."""
+    docs = [pdf(tmp_path / "in", f"d{i}.pdf", 1, i) for i in (1, 2)]
+    run_pipeline(expand_inputs([str(d) for d in docs]), FakeEngine(), opts(tmp_path))
+    again = run_pipeline(expand_inputs([str(d) for d in docs]), FakeEngine(), opts(tmp_path))
+    lines = summary_lines(again)
+    assert "note: 2 documents skipped: their outputs exist (--overwrite reads them again)" in lines
+    assert lines[-1].startswith("2 documents (2 skipped); 0 pages read")
+    assert not any("skipped" in line for line in summary_lines(again, quiet=True))  # -q: nothing went wrong
+    first = summary_lines(run_pipeline(expand_inputs([str(docs[0])]), FakeEngine(), opts(tmp_path, overwrite=True)))
+    assert not any(line.startswith("note:") for line in first)
+
+
+def test_documents_sent_to_standard_output_are_read_not_written(tmp_path):
+    """With -o - the progress said 'read' and the summary 'written', though no file was."""
+    doc = pdf(tmp_path / "in", "d.pdf", 1, 1)
+    summary = run_pipeline(expand_inputs([str(doc)]), FakeEngine(), opts(tmp_path))
+    assert summary_lines(summary)[0].startswith("written     ")
+    lines = summary_lines(summary, to_stdout=True)
+    assert lines[0] == f"read        {doc}"
+    assert lines[-1].startswith("1 document (1 read); 1 page read, ")
+
+
 def test_the_failure_heading_reads_as_english(tmp_path):
     """'1 document and 1 input path unreadable failed:' once; now what failed, then what was unreadable."""
     (tmp_path / "in").mkdir()

@@ -25,11 +25,12 @@ import queue
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import InputError, UsageError, path_text
+from .errors import DocumentNote, InputError, UsageError, path_text
 from .options import EngineOptions, PipelineOptions, SamplingOptions, specs
 
 __all__ = ["Page", "Reader"]
@@ -136,7 +137,7 @@ class Reader:
             documents = expand_inputs([str(p) for p in paths], problems)
             for e in problems:
                 yield Page(str(e.path), 0, "", 0, None, e.problem)
-            for page in self._stream(documents, options) if documents else ():
+            for page in self._stream(documents, options, names) if documents else ():
                 yield dataclasses.replace(page, document=names.get(page.document, page.document))
 
     def transcribe(self, inputs: Iterable[str | bytes | os.PathLike], out_dir: str | bytes | os.PathLike,
@@ -175,10 +176,11 @@ class Reader:
             raise RunInterrupted(summary)
         return summary
 
-    def _stream(self, documents, options: PipelineOptions) -> Iterator[Page]:
+    def _stream(self, documents, options: PipelineOptions, names: dict[str, str]) -> Iterator[Page]:
         """Run the pipeline on a thread of its own and hand its pages over, each document's in
         page order: a page as soon as the ones before it are out, the rest when its document ends."""
         from .pipeline.run import run_pipeline
+        from .pipeline.types import NO_SELECTED_PAGE
 
         engine = self._engine()
         events: queue.Queue = queue.Queue()
@@ -207,6 +209,11 @@ class Reader:
                 if kind == "page":
                     yield from order.add(_page(item))
                 else:
+                    # the CLI says a note beside the document's line, a caller gets a warning; a failed
+                    # document's note is its failed Page's error already
+                    if item.note and item.note != NO_SELECTED_PAGE:
+                        warnings.warn(DocumentNote(names.get(str(item.doc.path), item.doc.path), item.note),
+                                      stacklevel=2)
                     yield from order.finished(item)
         finally:
             stop.set()

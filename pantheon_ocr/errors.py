@@ -207,3 +207,14 @@ class NetworkError(PantheonError):
     def __init__(self, where: object, problem: str, setting: str | None = None):
         self.where, self.problem, self.setting = str(where), problem, setting
         super().__init__(f"{path_text(self.where)}: {problem}")
+
+
+class DocumentNote(UserWarning):
+    """Not an error: what a run noticed about a document it read (a page selection past its end,
+    the frames of an animated image not read), which the command line says beside the document's
+    line. `Reader.read` warns it (Python's warnings module): a list of pages would not say it."""
+
+    def __init__(self, path: object, note: str):
+        self.path, self.note = str(path), note
+        super().__init__(f"{path_text(self.path)}: {note}")
+

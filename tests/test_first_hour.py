@@ -341,3 +341,23 @@ def test_a_script_without_the_main_guard_is_told_what_to_add(tmp_path):
     last = proc.stderr.splitlines()[-1]
     assert 'must do it under `if __name__ == "__main__":`' in last and last.startswith("pantheon_ocr.errors.ResourceError"), \
         proc.stderr[-2000:]
+
+
+def test_read_warns_of_selected_pages_past_a_documents_end(reader):
+    """read(pages="2-5") of a 3-page document gave pages 2 and 3 and said nothing of 4 and 5,
+    which `transcribe` notes beside the document: now a DocumentNote warning says it."""
+    with pytest.warns(pantheon_ocr.DocumentNote, match=r"report-3pages\.pdf: selected pages 4-5 past its end: "
+                                                        r"it has 3 pages") as caught:
+        pages = list(reader.read(DOCS / "report-3pages.pdf", pages="2-5"))
+    assert [p.page for p in pages] == [2, 3] and all(p.ok for p in pages)
+    assert caught[0].message.note == "selected pages 4-5 past its end: it has 3 pages"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a selection the document has: no warning
+        assert [p.page for p in reader.read(DOCS / "report-3pages.pdf", pages="1-3")] == [1, 2, 3]
+    # none of the selection there: the failed Page says it; a warning would say it twice
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (page,) = reader.read(DOCS / "text-1page.pdf", pages="5")
+    assert page.page == 0 and "none of the selected pages (5) exists" in page.error

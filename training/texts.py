@@ -251,6 +251,38 @@ def _contents_entry(rng: np.random.Generator, split: str, max_chars: int) -> str
     return f"{head}{glue}{leader}{glue}{page}".strip()
 
 
+def _markup(rng: np.random.Generator, split: str) -> str:
+    """A source line of what manuals quote besides Python: LaTeX, HTML and XML, shell commands, C,
+    configuration files, JSON and Makefiles, built from the corpus's words. The code corpus is
+    Python's, where `&`, braces and backslashes are rare: a tabular row's `&` was read as "6" and
+    `{itemize}` as "(itemize}"."""
+    w = [_word(rng, split).lower() for _ in range(4)]
+    a = ["".join(c for c in x if c.isascii() and c.isalnum()) or "x" for x in w]
+    pick = rng.choice
+    n, words = int(rng.integers(0, 1000)), _span(rng, prose(_lang(rng), split), int(rng.integers(4, 30)))
+    latex = (f"\\begin{{{pick(['tabular', 'itemize', 'enumerate', 'figure', 'verbatim', 'document', a[0]])}}}"
+             + pick(["", "{" + "".join(pick(list("lcr|"), size=int(rng.integers(2, 6)))) + "}", "[h]"]),
+             f"\\end{{{pick(['tabular', 'itemize', 'enumerate', 'table', a[0]])}}}",
+             f"\\{pick(['section', 'subsection', 'textbf', 'emph', 'texttt', 'label', 'cite', 'ref'])}{{{words}}}",
+             f"\\usepackage[{a[1]}]{{{a[0]}}}", f"\\item {words}", pick(["\\toprule", "\\midrule", "\\hline", "\\\\[2pt]"]),
+             f"\\newcommand{{\\{a[0]}}}[1]{{\\{pick(['textbf', 'emph', 'mathrm'])}{{#1}}}}", f"${a[0][0]}_{{{a[1][:3]}}}^2 + {n}$")
+    html = (f'<{(t := pick(["p", "div", "span", "li", "td", "h2", "b"]))} class="{a[0]}">{words}</{t}>',
+            f'<a href="https://{a[0]}.org/{a[1]}.html">{w[2]}</a>', '<?xml version="1.0" encoding="UTF-8"?>',
+            f"<{a[0]} {a[1]}=\"{n}\"/>", f"&lt;{a[0]}&gt; &amp; {w[1]}")
+    shell = (f"$ {pick(['ls', 'grep', 'make', 'cp', 'tar', 'git', 'apt', 'gcc', 'latex'])} -{pick(list('lrvxzc'))} {a[0]}.{pick(['c', 'tex', 'txt', 'gz'])}",
+             f"{a[0]} --{a[1]}={n} | grep {a[2]} > /tmp/{a[3]}.log", f'export {a[0].upper()}="$HOME/{a[1]}"',
+             f"# apt install {a[0]}-{a[1]}", f"make {a[0]} && make install", f"[ -f {a[0]} ] || echo '{words}'")
+    c = (f"{pick(['int', 'char *', 'void', 'static int', 'size_t'])} {a[0]}_{a[1]}({pick(['int', 'const char *'])} {a[2]});",
+         f"if ({a[0]} != NULL && {a[1]}->{a[2]} > {n}) {{", f"for (i = 0; i < {n}; i++) {{", f"#include <{a[0]}.h>",
+         f"#define {a[0].upper()}_{a[1].upper()} {n}", f"return {a[0]}[{a[1]}] & 0x{n:02X};", f'printf("%s: %d\\n", {a[0]}, {a[1]});', "}")
+    config = (f"{a[0]} = {pick([str(n), a[1], 'true', 'false', f'/etc/{a[1]}.conf'])}", f"[{a[0]}]", f'"{a[0]}": "{w[1]}",',
+              f"{a[0]}: {{ {a[1]}: {n} }}", f"{a[0].upper()}_{a[1].upper()}={n}", f"{a[0]}: {a[1]}.o {a[2]}.o",
+              "\t$(CC) $(CFLAGS) -o $@ $<")
+    row = " & ".join(pick([w[i], str(n), _number(rng), ""]) for i in range(int(rng.integers(2, 5)))) + pick([" \\\\", "\\\\", ""])
+    group = (latex, latex, (row,), html, shell, c, config)[int(rng.integers(7))]  # tables: a row of cells
+    return str(group[int(rng.integers(len(group)))])
+
+
 SUP = "\u2063"  # before a footnote mark in a drawn text: render.py raises it, lines.py drops this
 
 
@@ -287,20 +319,26 @@ def _length(rng: np.random.Generator, max_chars: int) -> int:
 
 
 def sample_text(rng: np.random.Generator, split: str = "train", max_chars: int = 100, kind: str | None = None) -> str:
-    """One line of text, cleaned to the charset: 58% prose in nine languages (1.5% of all with
-    footnote marks, after texts.SUP, and 1.5% with TeX logos among its words), 7% code, 20%
+    """One line of text, cleaned to the charset: 55% prose in nine languages (1.5% of all with
+    footnote marks, after texts.SUP, and 1.5% with TeX logos among its words), 3% markup (LaTeX,
+    HTML, shell, C, configuration files), 7% Python code, 20%
     synthetic document text (a tenth of it contents entries with dot leaders), 15% text no language
     model can predict (words of all languages in random order, random strings). `kind` forces one:
-    prose, footnotes, logos, code, synthetic, contents, shuffled, random."""
+    prose, footnotes, logos, markup, code, synthetic, contents, shuffled, random."""
     if kind is None:
         r = rng.random()
-        kind = ("prose" if r < 0.55 else "footnotes" if r < 0.565 else "logos" if r < 0.58 else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85
-                else "shuffled" if r < 0.93 else "random")
+        kind = ("prose" if r < 0.52 else "footnotes" if r < 0.535 else "logos" if r < 0.55 else "markup" if r < 0.58
+                else "code" if r < 0.65 else "synthetic" if r < 0.83 else "contents" if r < 0.85 else "shuffled" if r < 0.93
+                else "random")
     if kind == "prose":
         text = _span(rng, prose(_lang(rng), split), _length(rng, max_chars))
+        if rng.random() < 0.04:  # a list item: LaTeX's bullet was read as a middle dot
+            text = f"{rng.choice(('•', '•', '•') + BULLETS)} {text}"
     elif kind == "code":
         items = corpus(f"code-{split}")
         text = items[rng.integers(len(items))]
+    elif kind == "markup":
+        text = _markup(rng, split)
     elif kind == "synthetic":
         text = _synthetic(rng, split)
     elif kind == "footnotes":  # cleaned as drawn: the mark's SUP must stay

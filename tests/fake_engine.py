@@ -159,11 +159,13 @@ class FakeEngine(WholePrompt):
         on_step: Callable[[int], None] | None = None,
         overlaps: bool = True,
         vision_device: str = "cpu",
+        model: str = "fake.gguf + fake-mmproj.gguf #0",
     ):
         self.longest_edge = longest_edge
         self.hints = page_hints(longest_edge, 14)
         self.overlaps = overlaps  # what the engine says of overlap (PipelineOptions.overlap None)
         self.vision_device = vision_device  # "cpu": the overlapping stages share the cores
+        self.model = model  # as outputs record it
         self.n_tokens = n_tokens
         self.fail_vision, self.fail_prefill, self.loops = fail_vision, fail_prefill, loops
         self.loop_limit = loop_limit

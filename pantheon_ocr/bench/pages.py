@@ -120,6 +120,7 @@ class TimedEngine:
         self.hints = inner.hints  # how the model cuts pages
         self.overlaps = inner.overlaps
         self.vision_device = inner.vision_device
+        self.model = inner.model
         self.busy = dict.fromkeys(("vision", "prefill", "decode"), 0.0)
         self.decode_tokens = 0
         self.decode_steps = 0

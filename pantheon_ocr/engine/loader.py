@@ -35,6 +35,30 @@ TINY_BYTES = 50_000_000  # decoder weights below this cannot read whole pages
 SMALL_PARAMS = 100_000_000
 
 
+def model_identity(*paths) -> str:
+    """The model files as outputs record them: their names and a digest of their sizes and of
+    bytes sampled through each (its start, its end and 16 spans between: a retrained model of
+    the same shapes differs in its weights, and hashing a whole 1 GB file would cost seconds):
+    'reader.gguf + reader-mmproj.gguf #1f0c...'. A file that cannot be read adds its name only
+    (loading it says why)."""
+    import hashlib
+    import os
+
+    digest = hashlib.blake2b(digest_size=8)
+    span = 1 << 16
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                digest.update(size.to_bytes(8, "little"))
+                for k in range(18):
+                    f.seek(max(0, min(size - span, (size - span) * k // 17)))
+                    digest.update(f.read(span))
+        except OSError:
+            pass
+    return " + ".join(Path(p).name for p in paths) + f" #{digest.hexdigest()}"
+
+
 def _params(path) -> int | None:
     """Parameters of a GGUF file, or None if it cannot be read (loading it will say why, in the
     order the pair is checked)."""
@@ -217,5 +241,6 @@ def load_page_engine(options: EngineOptions):
     vision_on = "cpu" if backend is None else backend.device
     engine = OCREngine(vlm, backend, gpu_prefill=o.gpu_prefill, gpu_decode=o.gpu_decode, device=device,
                        ignore_eos=o.ignore_eos, prefill_chunk=o.prefill_chunk, kv_dtype=o.kv_dtype,
-                       overlaps=overlap_pays(vision_on, tensor_params(vlm.mmproj)))  # the file is open
+                       overlaps=overlap_pays(vision_on, tensor_params(vlm.mmproj)),  # the file is open
+                       model=model_identity(o.model, o.mmproj))
     return engine, notes

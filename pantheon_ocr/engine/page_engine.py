@@ -95,8 +95,10 @@ class OCREngine:
 
     def __init__(self, vlm: LightOnOCR, vision_backend=None, *, gpu_prefill: bool = False,
                  gpu_decode: bool = False, device: str | None = None, ignore_eos: bool = False,
-                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "auto", overlaps: bool = True):
+                 prefill_chunk: int | None = PREFILL_CHUNK, kv_dtype: str = "auto", overlaps: bool = True,
+                 model: str = ""):
         self.vlm = vlm
+        self.model = model  # its files, as outputs record them (loader.model_identity)
         self.prefill_chunk = prefill_chunk  # prompt tokens per prefill_step; None: the whole prompt
         self.longest_edge = vlm.longest_edge  # the widest image the vision tower takes
         # How the model wants its pages cut (pipeline/regions.py), one typed value.

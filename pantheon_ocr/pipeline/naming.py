@@ -69,6 +69,9 @@ class Source:
     # outputs were written, in page_selection's form ("2-5,9"): such outputs are no document's
     # last word, and the next run reads those pages again.
     failed: str | None = None
+    # The model that read its pages (PageEngine.model; None for outputs older than the field):
+    # the pages kept from unfinished outputs must be this run's model's.
+    model: str | None = None
 
     def header(self) -> str:
         """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
@@ -78,6 +81,7 @@ class Source:
         fields = {k: v for k, v in fields.items() if v is not None} | ({} if self.page is None else {"page": self.page})
         fields |= {} if self.pages is None else {"pages": self.pages}
         fields |= {"failed": self.failed} if self.failed else {}
+        fields |= {"model": self.model} if self.model else {}
         return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
 
     def same_file(self, other: "Source | None") -> bool:
@@ -113,6 +117,11 @@ def failed_pages(pages) -> str | None:
 def _failed(value) -> str | None:
     """A recorded list of failed pages; None for none or for a value that is no list of pages."""
     return value if isinstance(value, str) and _PAGE_LIST.fullmatch(value) else None
+
+
+def _text(value) -> str | None:
+    """A recorded text (a model's identity); None for none or for what is no text."""
+    return value if isinstance(value, str) and value else None
 
 
 def page_selection(spec: str | None) -> str | None:
@@ -174,12 +183,12 @@ class OutputPaths:
                 rec = header_record(line)
                 if rec is not None:
                     return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
-                                  rec.get("pages"), _failed(rec.get("failed")))
+                                  rec.get("pages"), _failed(rec.get("failed")), _text(rec.get("model")))
             elif "jsonl" in formats:
                 with open_regular(self.file("jsonl")) as f:
                     rec = json.loads(f.readline(1 << 24))
                 return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"),
-                              rec.get("doc_pages"), _failed(rec.get("doc_failed")))
+                              rec.get("doc_pages"), _failed(rec.get("doc_failed")), _text(rec.get("model")))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
@@ -315,6 +324,7 @@ class Claim:
     done: bool  # its outputs exist, complete, from this very file and page selection: skip unless overwriting
     error: str | None = None
     failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
+    model_before: str | None = None  # the model its outputs record, with failed_before (Source.model)
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
@@ -342,5 +352,6 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
             continue
         same = source.same_file(recorded)
         claims[doc.doc_id] = Claim(paths, source, same_pages and same and paths.exist(formats),
-                                   failed_before=recorded.failed if same else None)
+                                   failed_before=recorded.failed if same else None,
+                                   model_before=recorded.model if same else None)
     return claims

@@ -1,10 +1,11 @@
 """Writers: one Markdown / JSONL / text file per document, optional per-page files.
 
 Where the files go (and why names never depend on input order) is naming.py's job. Each output
-records its source (naming.Source: the input's path, sha256, size and mtime): the Markdown starts
-with `<!-- pantheon-ocr: {"source": "/in/a.pdf", "sha256": "...", "size": ..., "mtime_ns": ...} -->`
-(per-page files add "page"), every JSONL record carries `doc`, `doc_sha256`, `doc_size` and
-`doc_mtime_ns`; txt files are plain text and record nothing.
+records its source (naming.Source: the input's path, sha256, size and mtime, and the model that
+read it): the Markdown starts with `<!-- pantheon-ocr: {"source": "/in/a.pdf", "sha256": "...",
+"size": ..., "mtime_ns": ..., "model": "..."} -->` (per-page files add "page"), every JSONL record
+carries `doc`, `doc_sha256`, `doc_size`, `doc_mtime_ns` and `model`; txt files are plain text and
+record nothing.
 File names are written as `errors.path_record` records them (undecodable bytes as `\\xNN`).
 
 A document's outputs are all written or none are: every file is first written to a temp file
@@ -288,6 +289,7 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
         "page": result.page,
         "text": result.text if _has_text(result) else "",
         "source": result.source,
+    } | ({"model": source.model} if source is not None and source.model else {}) | {
         "n_tokens": result.n_tokens,
         "finish_reason": result.finish_reason,
         "error": result.error,

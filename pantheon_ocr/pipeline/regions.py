@@ -164,6 +164,7 @@ class SegmentedEngine:
         self.longest_edge = h.page_edge
         self.overlaps = engine.overlaps
         self.vision_device = engine.vision_device
+        self.model = engine.model
 
     def vision(self, image: Image.Image) -> RegionFeatures:
         grey = np.asarray(image.convert("L"))

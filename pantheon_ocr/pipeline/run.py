@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from .files import changed_since, file_stamp
@@ -180,11 +181,13 @@ class _Run:
             self._plan_tasks(self.explicit_tasks)
             return
         opts = self.options
-        to_open, again, kept = [], {}, {}
+        to_open, again, kept, other_model = [], {}, {}, {}
         claims = claim_all(self.documents, self.paths, opts.formats, opts.pages)  # outputs of other pages are not done
+        model = self.engine.model or None  # "": an engine that does not say (none of the run's outputs record one)
         for doc in self.documents:
             claim = claims[doc.doc_id]
-            self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, claim.source
+            source = replace(claim.source, model=model) if claim.source is not None and not claim.done else claim.source
+            self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, source
             if claim.error is not None:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
             elif claim.done and not opts.overwrite:
@@ -195,7 +198,9 @@ class _Run:
                 to_open.append(doc)
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before
-                    if self.write_outputs:  # the pages that did not fail stay as they were written
+                    if claim.model_before not in (None, model):  # a document is read by one model, not two
+                        other_model[doc.doc_id] = claim.model_before
+                    elif self.write_outputs:  # the pages that did not fail stay as they were written
                         kept[doc.doc_id] = read_pages(claim.paths, opts.formats, claim.source.sha256)
         # Opening a PDF runs PDFium, so it happens in a worker too.
         counts = self.pool.imap(open_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()
@@ -221,7 +226,9 @@ class _Run:
                 kept_said = f"{n} page{'s' * (n != 1)} kept from the outputs"
                 again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
                               else f"{said} not finished last time and is not selected now: {kept_said}" if keep
-                              else f"read again: {said} not finished last time")
+                              else f"read again: {said} not finished last time"
+                              + (f", and the pages read then were another model's ({other_model[doc.doc_id]})"
+                                 if doc.doc_id in other_model else ""))
             state = self.states[doc.doc_id] = DocState(
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
                 pages=[i + 1 for i in pages], saved=len(keep),

@@ -56,6 +56,9 @@ class PageEngine(Protocol):
     # Where its vision stage computes: "cpu" shares the cores with the CPU stage when the two
     # overlap; anything else (a GPU, Core ML) takes none of them (engine/threads.stage_threads).
     vision_device: str
+    # The model that reads the pages, as outputs record it (loader.model_identity): pages an
+    # unfinished document's outputs hold from another model are read again, not kept beside its own.
+    model: str
 
     def vision(self, image: Image.Image) -> Any:
         """Vision stage: preprocess + encoder + projector. Runs on its own thread, concurrently

@@ -287,6 +287,35 @@ def test_pages_are_kept_only_from_outputs_of_this_very_file(tmp_path):
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(2, 1), (2, 2), (2, 3)])
 
 
+def test_pages_are_kept_only_from_outputs_of_the_same_model(tmp_path):
+    """Unfinished outputs kept their pages whatever model had read them: a run with a new model
+    (or the next version's bundled reader) read the rest, and the document came out read by two.
+    The outputs record the model; pages of another's are read again, with the document; outputs
+    older than the record keep theirs, as before."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    out = dict(formats=("md", "jsonl"))
+    old, new = "old.gguf + old-mmproj.gguf #1", "new.gguf + new-mmproj.gguf #2"
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(model=old, fail_vision=lambda f: f.page == 2), options(tmp_path, **out))
+    md, jsonl = tmp_path / "out" / "a.md", tmp_path / "out" / "a.jsonl"
+    assert f'"model": "{old}"' in md.read_text().splitlines()[0]
+    assert all(json.loads(r)["model"] == old for r in jsonl.read_text().splitlines())
+    engine = FakeEngine(model=new)
+    again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
+    assert again.documents[0].note == f"read again: page 2 not finished last time, and the pages read then were another model's ({old})"
+    assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)] and again.pages_kept == 0
+    assert all(json.loads(r)["model"] == new for r in jsonl.read_text().splitlines())
+    # the same model keeps its pages; outputs that record none (older ones) keep theirs too
+    for recorded in (new, None):
+        run_pipeline(expand_inputs([str(a)]), FakeEngine(model=new, fail_vision=lambda f: f.page == 2),
+                     options(tmp_path, overwrite=True, **out))
+        if recorded is None:
+            md.write_text(md.read_text().replace(f', "model": "{new}"', ""))
+            jsonl.write_text(jsonl.read_text().replace(f', "model": "{new}"', ""))
+        engine = FakeEngine(model=new)
+        again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
+        assert engine.prefills == [(1, 2)] and again.pages_kept == 2, recorded
+
+
 def test_a_fifo_planted_at_an_output_s_name_does_not_hang_the_run(tmp_path):
     a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
     out = dict(formats=("md", "jsonl"))

@@ -47,6 +47,7 @@ class StubEngine(WholePrompt):
     hints = ReadingHints("lines", 28, 1400, 2200, 14)
     overlaps = True
     vision_device = "cpu"
+    model = "stub.gguf #0"
 
     def __init__(self):
         self.batches = []

@@ -361,3 +361,34 @@ def test_read_warns_of_selected_pages_past_a_documents_end(reader):
         warnings.simplefilter("error")
         (page,) = reader.read(DOCS / "text-1page.pdf", pages="5")
     assert page.page == 0 and "none of the selected pages (5) exists" in page.error
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGHUP,)], ids=["ctrl-c-twice", "sighup"])
+def test_ctrl_c_twice_or_a_closed_terminal_keeps_the_pages_read(tmp_path, signals):
+    """A second Ctrl-C tens of milliseconds after the first (a reflex) came while the run waited
+    for its stages to stop: it cut the saving, and every page read of the unfinished document was
+    lost, with no summary. SIGHUP (the terminal closed, ssh dropped) killed the run outright. Both
+    now stop it as one Ctrl-C does: exit 130, the summary, the pages read kept."""
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.pdf").write_bytes((DOCS / "text-1page.pdf").read_bytes())
+    text_pdf(src / "b.pdf", n_pages=60)
+    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(src), "--model", str(MODEL),
+                             "-o", str(tmp_path / "out"), "--max-tokens", "8", "--batch-size", "1", "--text-layer", "ocr",
+                             "--format", "md,jsonl"], cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen, t0 = "", time.perf_counter()
+    while "[1/2]" not in seen:  # a.pdf is written: b.pdf's pages are being read
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    time.sleep(max(3.0, time.perf_counter() - t0))  # a page of b's or more, however busy the machine
+    for i, sig in enumerate(signals):
+        time.sleep(0.05 * i)
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    assert "unfinished ones hold the pages read so far" in err and "Traceback" not in err, err
+    records = [json.loads(r) for r in (tmp_path / "out" / "b.jsonl").read_text().splitlines()]
+    assert [r["page"] for r in records] == list(range(1, 61))
+    read = [r for r in records if r["error"] is None]
+    assert read and all(r["error"].startswith("not read") for r in records if r not in read)

@@ -33,7 +33,7 @@ from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
 from ..pipeline.naming import OutputPaths, Source, plan_output_paths
 from ..pipeline.files import changed_since, file_stamp
-from ..pipeline.outputs import check_output_folder, write_document
+from ..pipeline.outputs import check_output_folder, write_document, write_problem
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
 from . import rebuild
 from .lock import Heartbeat, JobLocked, acquire
@@ -394,7 +394,7 @@ class _JobRun:
                                Source(path_record(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
-                status, error = "pending", f"cannot write the output: {e.strerror or e}"  # retried next run
+                status, error = "pending", write_problem(e)  # retried next run
                 self.log.fail(row["path"], None, error)
         self.state.set_document_status(row_id, status, error)
         self.log.document({"done": "written", "partial": "partial", "failed": "failed (no page)", "pending": "write failed"}[status],

@@ -8,7 +8,7 @@ import time
 import click
 
 from ..errors import ExitCode, UsageError
-from .common import count, count_by, sigterm_as_interrupt, switch
+from .common import count, count_by, stop_signals_as_interrupt, switch
 
 
 @click.group()
@@ -67,7 +67,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_sta
             bar.end()
         click.echo(line, err=True)
 
-    with sigterm_as_interrupt() as stopping:
+    with stop_signals_as_interrupt() as stopping:
         try:
             result = job_run.run_job(spec, executor=executor, retry_failed=retry_failed, on_progress=bar, log=log,
                                      rebuild_state=rebuild_state, reread=reread)

@@ -22,7 +22,7 @@ import click
 from ..errors import ExitCode, ModelError, UsageError, WriteError, path_text
 from ..options import (MAX_THREADS, OVERLAP_WORDS, THREADS_DEFAULT, VISION_DTYPES, WEIGHT_CHOICES, EngineOptions,
                        PipelineOptions, SamplingOptions, spec)
-from .common import sigterm_as_interrupt
+from .common import stop_signals_as_interrupt
 from .options import table_options
 
 
@@ -376,7 +376,7 @@ def pages(inputs, model, mmproj, synthetic, batch_sizes, weights, flash, overlap
     _model_file(str(mmproj_path), "mmproj")
     problems: list = []  # inputs that are no document: said, and the others measured, as transcribe does
     interrupted = False
-    with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp, sigterm_as_interrupt():
+    with tempfile.TemporaryDirectory(prefix="pantheon-bench-") as tmp, stop_signals_as_interrupt():
         docs = [str(d.path) for d in expand_inputs(list(inputs), problems)] if inputs else []
         if synthetic:
             docs.append(str(synthetic_pdf(Path(tmp) / f"synthetic-{synthetic}.pdf", synthetic)))

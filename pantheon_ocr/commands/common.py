@@ -1,4 +1,4 @@
-"""What the commands share: SIGTERM handled like Ctrl-C, the engine's notes, the run summary (counts in
+"""What the commands share: stop signals handled like Ctrl-C, the engine's notes, the run summary (counts in
 words from archive/wording.py, which the reports use too)."""
 
 from __future__ import annotations
@@ -12,24 +12,30 @@ from ..archive.wording import count, count_by
 from ..errors import path_text
 
 
+# What stops a run as Ctrl-C does (SIGHUP: the terminal closed, an ssh session dropped)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 class Stopping:
-    """Whether the command is stopping (a SIGTERM came, or the run says it was stopped)."""
+    """Whether the command is stopping (a stop signal came, or the run says it was stopped)."""
 
     def __init__(self) -> None:
         self.stopping = False
 
     def note(self) -> None:
-        """The run ended stopped (a signal the library held back, say): from here on SIGTERMs pass."""
+        """The run ended stopped (a signal the library held back, say): from here on stop signals pass."""
         self.stopping = True
 
 
 @contextmanager
-def sigterm_as_interrupt():
-    """cron, systemd and `kill` stop a run with SIGTERM: handle it like Ctrl-C, so finished
-    documents stay written (and a job's pages recorded, its report written, its lock released),
-    and the run exits 130 instead of dying by the signal. The first one stops the run; any more
-    (a supervisor that sends several) are let pass while it winds down, here and after this block
-    until the process ends, so the summary is printed whole and the exit code stays 130, not 143.
+def stop_signals_as_interrupt():
+    """Ctrl-C, a closed terminal (SIGHUP) and cron's, systemd's and `kill`'s SIGTERM all stop a
+    run as Ctrl-C does, so finished documents stay written, unfinished ones keep their pages read
+    (and a job's pages recorded, its report written, its lock released), and the run exits 130
+    instead of dying by the signal. The first one stops the run; any more (Ctrl-C pressed twice, a
+    reflex; a supervisor that sends several) are let pass while it winds down, here and after this
+    block until the process ends: a second Ctrl-C during the wind-down once cut the saving of the
+    pages read, and the summary (a moment: the stages stop at their next layer) is printed whole.
     Yields a Stopping: a command whose run ended stopped without this handler seeing the signal
     (the archive holds signals back while it takes or gives back its lock) notes it there."""
     state = Stopping()
@@ -40,7 +46,7 @@ def sigterm_as_interrupt():
             raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     except ValueError:  # not the main thread
         yield state
         return
@@ -48,7 +54,8 @@ def sigterm_as_interrupt():
         yield state
     finally:
         if not state.stopping:
-            signal.signal(signal.SIGTERM, previous)
+            for s, h in previous.items():
+                signal.signal(s, h)
 
 
 def switch(name: str) -> bool:

@@ -40,7 +40,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..pipeline.naming import HEADER_PREFIX
     from ..pipeline.outputs import check_output_folder
     from ..pipeline.types import RunInterrupted
-    from .common import echo_notes, echo_summary, sigterm_as_interrupt, switch
+    from .common import echo_notes, echo_summary, stop_signals_as_interrupt, switch
     from .progress import progress_bar
 
     if text_fallback is not None:
@@ -69,7 +69,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
         click.get_current_context().exit(int(ExitCode.INPUT_UNREADABLE))
     # here before the model loads (Reader.transcribe checks again, for callers of the API)
     check_output_folder(output)
-    with sigterm_as_interrupt() as stopping:
+    with stop_signals_as_interrupt() as stopping:
         reader = Reader(model, mmproj, weights=weights, vision_backend=vision_backend, device=device,
                         vision_dtype=vision_dtype, gpu_prefill=gpu_prefill, gpu_decode=gpu_decode, kv_dtype=kv_dtype,
                         prefill_chunk=prefill_chunk, threads=threads, formats=tuple(formats), page_files=page_files,

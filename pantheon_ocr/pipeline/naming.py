@@ -176,15 +176,29 @@ class OutputPaths:
         the first JSONL record; None when neither is there or neither says (a file written by
         someone else or by an older version; txt files carry no record, so txt-only outputs are
         never taken as done: they are always written again)."""
+        if "md" in formats and (self.file("md").exists() or "jsonl" not in formats):
+            return self._record("md")
+        return self._record("jsonl") if "jsonl" in formats else None
+
+    def records_agree(self, formats: Sequence[str], recorded: Source) -> bool:
+        """Whether the Markdown and the JSONL, those of `formats`, both record `recorded`'s file,
+        page selection and failed pages: a JSONL left by a run over an earlier version, or by an
+        unfinished run, beside a Markdown finished since with `--format md` is no finished output
+        (it was kept for good, and the document skipped)."""
+        key = (recorded.sha256, recorded.pages, recorded.failed)
+        return all((r := self._record(fmt)) is not None and (r.sha256, r.pages, r.failed) == key
+                   for fmt in ("md", "jsonl") if fmt in formats)
+
+    def _record(self, fmt: str) -> Source | None:
         try:
-            if "md" in formats and (self.file("md").exists() or "jsonl" not in formats):
+            if fmt == "md":
                 with open_regular(self.file("md")) as f:
                     line = f.readline(65536).decode("utf-8", "replace").rstrip("\n")
                 rec = header_record(line)
                 if rec is not None:
                     return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
                                   rec.get("pages"), _failed(rec.get("failed")), _text(rec.get("model")))
-            elif "jsonl" in formats:
+            else:
                 with open_regular(self.file("jsonl")) as f:
                     rec = json.loads(f.readline(1 << 24))
                 return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"),
@@ -343,7 +357,8 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed)
         same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
-            if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats):
+            if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats) \
+                    and paths.records_agree(formats, recorded):
                 claims[doc.doc_id] = Claim(paths, recorded, True)
                 continue
             source = source_of(doc, wanted)
@@ -351,7 +366,8 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
         same = source.same_file(recorded)
-        claims[doc.doc_id] = Claim(paths, source, same_pages and same and paths.exist(formats),
+        done = same_pages and same and paths.exist(formats) and paths.records_agree(formats, recorded)
+        claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
                                    model_before=recorded.model if same else None)
     return claims

@@ -45,7 +45,7 @@ from typing import Sequence
 
 from ..errors import WriteError, path_record, path_text
 from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
-from .files import OutputFolder, OutputTree
+from .files import OutputFolder, OutputTree, PlantedPath
 from .naming import OutputPaths, Source, failed_pages, output_root
 from .types import STAGES, TEXT_LAYER, PageResult
 
@@ -190,6 +190,15 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
         raise
     for folder in folders:
         tree.folder(folder).fsync()
+
+
+def write_problem(e: OSError) -> str:
+    """'cannot write the output out/a.jsonl: Is a directory': the output a failed write names
+    (a rename's target, not its hidden temp), where the error names one; a PlantedPath says its own."""
+    if isinstance(e, PlantedPath):  # its reason names the path
+        return f"cannot write the output: {e.strerror}"
+    names = [n for n in (e.filename2, e.filename) if n is not None and not TEMP_NAME.match(Path(os.fsdecode(n)).name)]
+    return f"cannot write the output{' ' + path_text(names[0]) if names else ''}: {e.strerror or e}"
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, root: str | os.PathLike | None = None) -> None:

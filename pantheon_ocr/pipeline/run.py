@@ -38,7 +38,7 @@ from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
 from .naming import claim_all, plan_output_paths
-from .outputs import write_document
+from .outputs import write_document, write_problem
 from .readback import read_pages
 from .regions import for_options
 from .render import open_pages, render_page
@@ -114,6 +114,7 @@ class _Run:
         )
         self.stop = stop if stop is not None else threading.Event()
         self.sources: dict = {}  # doc_id -> naming.Source, recorded in its outputs
+        self.finished_before: set[str] = set()  # doc_ids whose finished outputs --overwrite replaces
         self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) \
             if options.text_layer != "ocr" else None
         self.figures = FigureCropper(options.password, options.render_timeout, start_method)  # bbox models' image regions
@@ -142,7 +143,9 @@ class _Run:
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            self._shutdown()
+            # What was read is saved before the stages and workers are waited for (up to seconds):
+            # a second Ctrl-C in that wait once cut the saving and lost every unfinished page.
+            self.stop.set()
             for state in self.states.values():  # a crash too: what was read is kept, then it is raised
                 try:
                     self._save_unfinished(state)
@@ -151,11 +154,14 @@ class _Run:
                     break
                 except Exception:  # noqa: BLE001 - never in place of what ended the run
                     log.exception("%s: its pages read could not be written", state.doc.path)
+            self._shutdown()
         for doc in self.documents:
             if doc.doc_id not in self.outcomes:
                 state = self.states.get(doc.doc_id)
                 note = "stopped before it was complete"
-                if state is not None and state.outputs:
+                if state is not None and state.keeps_earlier:
+                    note += ": its earlier outputs, a finished reading, are kept as they were"
+                elif state is not None and state.outputs:
                     left = state.expected - state.saved_ok
                     note += (f": {state.saved_ok} of {state.expected} pages written, the next run reads the other "
                              f"{left}" + (" unless it overwrites again" if self.options.overwrite else ""))
@@ -196,6 +202,8 @@ class _Run:
                 )
             else:
                 to_open.append(doc)
+                if claim.done:  # --overwrite: its finished outputs stay until the new reading is whole
+                    self.finished_before.add(doc.doc_id)
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before
                     if claim.model_before not in (None, model):  # a document is read by one model, not two
@@ -231,6 +239,7 @@ class _Run:
                                  if doc.doc_id in other_model else ""))
             state = self.states[doc.doc_id] = DocState(
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
+                keeps_earlier=doc.doc_id in self.finished_before,
                 pages=[i + 1 for i in pages], saved=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
                 note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages), opened_note))))
@@ -342,7 +351,7 @@ class _Run:
             written = write_document(state.paths, results, self.options.formats, self.options.page_files,
                                      self.sources.get(doc.doc_id))
         except OSError as e:
-            failure = PageFailure(str(doc.path), None, f"cannot write the output: {e.strerror or e}")
+            failure = PageFailure(str(doc.path), None, write_problem(e))
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", n_pages=len(results), failures=failures + (failure,),
                                                         note=state.note)
             return

@@ -37,13 +37,17 @@ class DocState:
     saved_ok: int = 0  # of those, pages with text (the others are read again)
     outputs: tuple = ()  # written partially, so far
     save_error: str = ""  # why its last partial write failed
+    # Its outputs are a finished reading (--overwrite reads it again): a stop or a kill leaves them
+    # as they are rather than put a part of the new reading in their place.
+    keeps_earlier: bool = False
 
 
 def save_unfinished(state: DocState, opts: PipelineOptions, source: Source | None, write_outputs: bool = True) -> None:
     """Write a document the run has not finished (module docstring): the pages read so far, the
     others marked NOT_READ. Left as it is on disk when nothing new was read since its last
     write, nothing was read at all, it changed meanwhile, the caller writes (archive jobs
-    record every page in their state), the outputs are a scratch folder (keep_unfinished), or
+    record every page in their state), the outputs are a scratch folder (keep_unfinished), they
+    are a finished earlier reading that --overwrite replaces only once whole (keeps_earlier), or
     none of them can be read back (txt alone records no page: the next run reads it all). A
     page with image regions counts as not read: its crops are made as the document is
     finished, and a stopped run does not wait for them. No page files: the next run needs
@@ -52,7 +56,7 @@ def save_unfinished(state: DocState, opts: PipelineOptions, source: Source | Non
     doc = state.doc
     read = [r for r in state.results if r.error is not None or not find_boxes(r.text)]
     ok = sum(r.error is None or r.from_text_layer for r in read)
-    if not (write_outputs and opts.keep_unfinished and {"md", "jsonl"} & set(opts.formats)) \
+    if not (write_outputs and opts.keep_unfinished and {"md", "jsonl"} & set(opts.formats)) or state.keeps_earlier \
             or len(read) <= state.saved or not ok or changed_since(doc, state.stamp):
         return
     have = {r.page for r in read}

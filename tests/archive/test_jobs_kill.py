@@ -217,9 +217,9 @@ def test_the_report_of_a_run_still_going_says_so(tmp_path):
 
 _WIND_DOWN = """
 import os, signal, sys, time
-from pantheon_ocr.commands.common import sigterm_as_interrupt
+from pantheon_ocr.commands.common import stop_signals_as_interrupt
 try:
-    with sigterm_as_interrupt():
+    with stop_signals_as_interrupt():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)
 except KeyboardInterrupt:

@@ -246,7 +246,7 @@ def test_busy_state_is_75():
 
 @pytest.mark.parametrize("where", ["report", "finish", "start"])
 def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
-    from pantheon_ocr.commands.common import sigterm_as_interrupt as _sigterm_as_interrupt
+    from pantheon_ocr.commands.common import stop_signals_as_interrupt as _stop_signals_as_interrupt
     import pantheon_ocr.archive.run as job_run
 
     pdf(tmp_path / "in", "a.pdf", 2, 1)
@@ -267,7 +267,7 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
         monkeypatch.setattr(job_run.Heartbeat, "start", sigterm_then(job_run.Heartbeat.start))
     before = signal.getsignal(signal.SIGTERM)
     try:
-        with _sigterm_as_interrupt():
+        with _stop_signals_as_interrupt():
             try:  # a stop during the work ends the run with 130; after it, the bookkeeping finishes first
                 stopped = run_job(load_job(job), Counting()).exit_code == ExitCode.INTERRUPTED
             except KeyboardInterrupt:  # (pytest.raises lets KeyboardInterrupt through)

@@ -316,6 +316,33 @@ def test_pages_are_kept_only_from_outputs_of_the_same_model(tmp_path):
         assert engine.prefills == [(1, 2)] and again.pages_kept == 2, recorded
 
 
+def test_a_stale_or_unfinished_jsonl_beside_a_finished_markdown_is_not_done(tmp_path):
+    """Only the Markdown's record was checked when both formats were asked for: a JSONL of an
+    earlier version of the file, or one an unfinished run left (pages marked not read), beside a
+    Markdown finished since with --format md, was kept for good and the document skipped, exit 0."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    both, md = options(tmp_path, formats=("md", "jsonl")), options(tmp_path, formats=("md",))
+    jsonl = tmp_path / "out" / "a.jsonl"
+
+    def jsonl_texts():
+        return [json.loads(r)["text"] if json.loads(r)["error"] is None else None for r in jsonl.read_text().splitlines()]
+
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), both)
+    write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=2)  # a new version, read to Markdown only
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), md)
+    again = run_pipeline(expand_inputs([str(a)]), FakeEngine(), both)
+    assert again.documents[0].status == "written"
+    assert jsonl_texts() == [expected_text(2, p) for p in (1, 2, 3)]
+    # unfinished in both formats, then finished in Markdown alone
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, overwrite=True,
+                                                                                                  formats=("md", "jsonl")))
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(), md)
+    assert jsonl_texts()[1] is None
+    again = run_pipeline(expand_inputs([str(a)]), FakeEngine(), both)
+    assert again.documents[0].status == "written" and jsonl_texts() == [expected_text(2, p) for p in (1, 2, 3)]
+    assert run_pipeline(expand_inputs([str(a)]), FakeEngine(), both).documents[0].status == "skipped"
+
+
 def test_a_fifo_planted_at_an_output_s_name_does_not_hang_the_run(tmp_path):
     a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
     out = dict(formats=("md", "jsonl"))
@@ -689,3 +716,41 @@ def test_an_unfinished_document_is_not_kept_in_a_scratch_folder_and_said_so_when
         assert outcome.outputs == (tmp_path / "out" / "second.md",)
         assert outcome.note.endswith(" pages written, the next run reads the other "
                                      f"{25 - summary.pages_done} unless it overwrites again")
+
+
+def test_a_stopped_overwrite_keeps_the_finished_reading_it_was_replacing(tmp_path):
+    """--overwrite over a document whose outputs were a finished reading, stopped (or killed after
+    a checkpoint), put the part read so far in their place: 8 pages of 20 and the rest "not read",
+    the whole earlier text gone. The finished outputs now stay until the new reading is whole."""
+    second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path, formats=("md", "jsonl")))
+    md, jsonl = tmp_path / "out" / "second.md", tmp_path / "out" / "second.jsonl"
+    before = md.read_bytes(), jsonl.read_bytes()
+    fired = []
+
+    def on_step(n):
+        if n == 20 and not fired:
+            fired.append(n)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 4),
+                           options(tmp_path, overwrite=True, formats=("md", "jsonl")))
+    (outcome,) = summary.documents
+    assert summary.interrupted and outcome.status == "interrupted" and 0 < summary.pages_done < 25
+    assert outcome.note == "stopped before it was complete: its earlier outputs, a finished reading, are kept as they were"
+    assert (md.read_bytes(), jsonl.read_bytes()) == before and no_temp_files(tmp_path / "out")
+    # finished, the new reading replaces it
+    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 4), options(tmp_path, overwrite=True,
+                                                                                         formats=("md", "jsonl")))
+    assert md_body(md) == md_expected([(2, p) for p in range(1, 26)], n_tokens=4)
+
+
+def test_a_write_that_fails_names_the_output_not_only_the_input(tmp_path):
+    """'a.pdf: cannot write the output: Is a directory' did not say which of its outputs."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 1, doc_no=1)
+    (tmp_path / "out" / "a.jsonl").mkdir(parents=True)
+    summary = run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path, formats=("md", "jsonl")))
+    (failure,) = summary.documents[0].failures
+    assert summary.documents[0].status == "unwritten" and summary.exit_code == ExitCode.CANNOT_WRITE
+    assert failure.reason == f"cannot write the output {tmp_path / 'out' / 'a.jsonl'}: Is a directory"
+    assert not (tmp_path / "out" / "a.md").exists() and no_temp_files(tmp_path / "out")

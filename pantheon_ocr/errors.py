@@ -23,15 +23,19 @@ class ExitCode(IntEnum):
     READER_GONE = 141  # standard output's reader closed early (`| head`): 128 + SIGPIPE, as Unix tools end
 
 
-def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bool = False) -> ExitCode:
+def run_exit_code(interrupted: bool, failed: bool, wrote: bool, write_failed: bool = False,
+                  short_of_memory: bool = False) -> ExitCode:
     """The exit code of a run over many pages (transcribe, an archive job): 130 when interrupted,
     73 when some document's outputs could not be written (the night's work is not on disk: that
-    outranks a failed page), 0 when nothing failed, 1 when something failed but something was
-    written, 4 when everything attempted failed (nothing readable)."""
+    outranks a failed page), 71 when pages failed for lack of memory (the inputs are fine: fewer
+    pages at once or more memory reads them), 0 when nothing failed, 1 when something failed but
+    something was written, 4 when everything attempted failed (nothing readable)."""
     if interrupted:
         return ExitCode.INTERRUPTED
     if write_failed:
         return ExitCode.CANNOT_WRITE
+    if short_of_memory:
+        return ExitCode.OUT_OF_RESOURCES
     if not failed:
         return ExitCode.OK
     return ExitCode.PAGES_FAILED if wrote else ExitCode.INPUT_UNREADABLE

@@ -340,6 +340,13 @@ def square(x: int) -> int:
     return x * x
 
 
+def allocate(n):
+    """A render task that runs out of memory in its worker when n is odd (a page too big to render)."""
+    if n % 2:
+        raise MemoryError(f"Unable to allocate {n} GiB")
+    return n
+
+
 def pid_after(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()

@@ -44,9 +44,10 @@ class WorkerError(Exception):
     """The task did not produce a value: its worker crashed or timed out (`crashed`), or the
     function raised an exception other than InputError (whose text is `problem`)."""
 
-    def __init__(self, problem: str, crashed: bool):
+    def __init__(self, problem: str, crashed: bool, short_of_memory: bool = False):
         self.problem = problem
         self.crashed = crashed
+        self.short_of_memory = short_of_memory  # the page did not fit in memory (types.PageResult's)
         super().__init__(problem)
 
 
@@ -91,6 +92,8 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
                 reply = ("ok", fn(*args))
             except InputError as e:  # pickled whole (PantheonError's contract)
                 reply = ("input", e)
+            except MemoryError as e:  # the page's image does not fit: the run is short of memory
+                reply = ("memory", f"not enough memory to render the page ({e or 'MemoryError'})")
             except Exception as e:  # noqa: BLE001 - any failure belongs to this task only
                 reply = ("exc", f"{type(e).__name__}: {e}")
             finally:
@@ -321,7 +324,7 @@ class RenderPool:
                     self._replace(i, done, WorkerError(f"the render worker crashed ({_describe_exit(w.process.exitcode)})", True))
                     continue
                 except MemoryError:  # this page's image does not fit now; the message is half read: a new worker
-                    self._replace(i, done, WorkerError("not enough memory to take the rendered page in", True))
+                    self._replace(i, done, WorkerError("not enough memory to take the rendered page in", True, True))
                     continue
                 if status == "ready":
                     w.ready = True
@@ -331,6 +334,8 @@ class RenderPool:
                     done[index] = Outcome(index, args, value=payload, seconds=seconds)
                 elif status == "input":
                     done[index] = Outcome(index, args, error=payload, seconds=seconds)
+                elif status == "memory":
+                    done[index] = Outcome(index, args, error=WorkerError(payload, False, True), seconds=seconds)
                 else:
                     done[index] = Outcome(index, args, error=WorkerError(payload, False), seconds=seconds)
                 w.task = None

@@ -336,8 +336,8 @@ class _Run:
                 PageFailure(str(doc.path), None, f"changed while it was being read ({state.changed}): "
                                                  f"{written}; run again to read the new version"),), note=state.note)
             return
-        failures = tuple(PageFailure(str(doc.path), r.page, r.error + (" (the PDF's text layer stands in)" if r.from_text_layer else ""))
-                         for r in results if r.error is not None)
+        failures = tuple(PageFailure(str(doc.path), r.page, r.error + (" (the PDF's text layer stands in)" if r.from_text_layer else ""),
+                                     r.short_of_memory) for r in results if r.error is not None)
         if all(r.error is not None and not r.from_text_layer for r in results):
             # Nothing readable: write nothing, so that the next run tries the document again.
             self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", n_pages=len(results), failures=failures, note=state.note)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from ..engine.cancel import Cancelled, cancel_on
 from ..engine.threads import adopt_threads, restage, stage_share
 from ..errors import InputError
-from .render_pool import RenderPool
+from .render_pool import RenderPool, WorkerError
 from .types import STAGES, PageEngine, PageResult, PageTask, PipelineOptions, Seq
 
 log = logging.getLogger("pantheon_ocr.pipeline")
@@ -149,15 +149,21 @@ class Stages:
             with self._held_lock:
                 self._held -= 1
 
-    def _fail(self, page: _Page, reason: str, lasting: bool = False) -> None:
+    def _fail(self, page: _Page, reason: str, lasting: bool = False, short_of_memory: bool = False) -> None:
         self._ended(page)
         page.payload = None
-        self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds, lasting=lasting))
+        self.results.put(PageResult(page.task.doc, page.task.page, "", 0, None, reason, page.seconds, lasting=lasting,
+                                    short_of_memory=short_of_memory))
 
     def _failed_with(self, page: _Page, what: str, e: Exception) -> None:
         """A page failed by an exception of the engine: its reason names it; the traceback goes to
-        the log (`-v` shows it), since such a failure is most often a bug to report."""
+        the log (`-v` shows it), since such a failure is most often a bug to report. Running out
+        of memory is no bug: said as that, and the run exits 71."""
         log.debug("page %s of %s: %s", page.task.page, page.task.doc.path, what, exc_info=e)
+        if isinstance(e, MemoryError):
+            self._fail(page, f"{what}: not enough memory ({e or 'MemoryError'}): read fewer pages at once "
+                             "(a smaller batch), or give the run more memory", short_of_memory=True)
+            return
         self._fail(page, f"{what}: {type(e).__name__}: {e}")
 
     def _feed(self) -> None:
@@ -167,7 +173,8 @@ class Stages:
             page.seconds["render"] = outcome.seconds
             if outcome.error is not None:
                 # InputError and WorkerError both say it there; the page's own damage lasts
-                self._fail(page, outcome.error.problem, lasting=isinstance(outcome.error, InputError))
+                self._fail(page, outcome.error.problem, lasting=isinstance(outcome.error, InputError),
+                           short_of_memory=isinstance(outcome.error, WorkerError) and outcome.error.short_of_memory)
                 continue
             self.counts["rendered"] += 1
             if not self._put(self.render_q, page):

@@ -111,6 +111,9 @@ class PageResult:
     # the failure is the input's own (a damaged or too small page): reading it again gives the
     # same, so outputs do not record it as one to read again
     lasting: bool = False
+    # the failure was for lack of memory (a MemoryError in a stage, a rendered page too big to take
+    # in): the run exits 71 (out of resources), not as if its inputs were unreadable
+    short_of_memory: bool = False
 
     @property
     def ok(self) -> bool:
@@ -132,6 +135,7 @@ class PageFailure:
     path: str
     page: int | None  # 1-based; None = the whole document (cannot be opened, cannot be written)
     reason: str
+    short_of_memory: bool = False  # PageResult.short_of_memory
 
     def __str__(self) -> str:
         return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: {self.reason}"
@@ -210,7 +214,8 @@ class RunSummary:
         # a document skipped for its outputs already there was read before: with it, something is fine
         wrote = any(d.status in ("written", "partial", "skipped") or d.note == NO_SELECTED_PAGE for d in self.documents)
         unwritten = any(d.status == "unwritten" for d in self.documents)
-        return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten)
+        memory = any(f.short_of_memory for d in self.documents for f in d.failures)
+        return run_exit_code(self.interrupted, bool(self.failed_pages), wrote, unwritten, memory)
 
 
 __all__ = ["FORMATS", "MAX_LONGEST_EDGE", "NO_SELECTED_PAGE", "SEGMENT_MODES", "STAGES", "TEXT_LAYER", "DocStatus", "DocumentOutcome",

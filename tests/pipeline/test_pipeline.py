@@ -754,3 +754,26 @@ def test_a_write_that_fails_names_the_output_not_only_the_input(tmp_path):
     assert summary.documents[0].status == "unwritten" and summary.exit_code == ExitCode.CANNOT_WRITE
     assert failure.reason == f"cannot write the output {tmp_path / 'out' / 'a.jsonl'}: Is a directory"
     assert not (tmp_path / "out" / "a.md").exists() and no_temp_files(tmp_path / "out")
+
+
+def test_pages_that_run_out_of_memory_exit_71_not_as_unreadable_inputs(tmp_path):
+    """Under `ulimit -v` every page failed with 'vision stage failed: MemoryError: Unable to
+    allocate ...' and the run exited 4 (inputs unreadable) or 1: a cron script was told its inputs
+    were bad. Pages short of memory say so, and the run exits 71 (out of resources)."""
+
+    class ShortOfMemory(FakeEngine):
+        def vision(self, image):
+            f = super().vision(image)
+            if f.page == 2:
+                raise MemoryError("Unable to allocate 14.4 MiB for an array with shape (2208, 1712)")
+            return f
+
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    summary = run_pipeline(expand_inputs([str(a)]), ShortOfMemory(), options(tmp_path))
+    (failure,) = summary.documents[0].failures
+    assert summary.exit_code == ExitCode.OUT_OF_RESOURCES and failure.short_of_memory
+    assert failure.reason.startswith("vision stage failed: not enough memory (Unable to allocate 14.4 MiB")
+    assert summary.documents[0].status == "partial"  # the other pages are written
+    plain = run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2),
+                         options(tmp_path, overwrite=True))
+    assert plain.exit_code == ExitCode.PAGES_FAILED  # a bug's failure stays 1

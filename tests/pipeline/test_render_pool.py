@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fake_engine import CrashingRender, SAMPLES, SlowRender, marked_pdf, pid_after, read_marks, square
+from fake_engine import CrashingRender, SAMPLES, SlowRender, allocate, marked_pdf, pid_after, read_marks, square
 from pantheon_ocr.errors import InputError
 from pantheon_ocr.pipeline.inputs import make_document
 from pantheon_ocr.pipeline.render import count_pages, render_page
@@ -157,7 +157,11 @@ def test_a_page_too_big_for_memory_now_fails_alone(monkeypatch):
     with RenderPool(workers=1) as pool:
         out = list(pool.imap(square, [(2,), (3,), (4,)]))
     assert isinstance(out[0].error, WorkerError) and out[0].error.problem == "not enough memory to take the rendered page in"
-    assert [o.value for o in out[1:]] == [9, 16]
+    assert out[0].error.short_of_memory and [o.value for o in out[1:]] == [9, 16]
+    with RenderPool(workers=1) as pool:  # out of memory in the worker, as it renders: that page alone, said so
+        out = list(pool.imap(allocate, [(3,), (4,)]))
+    assert out[0].error.problem == "not enough memory to render the page (Unable to allocate 3 GiB)"
+    assert out[0].error.short_of_memory and not out[0].error.crashed and out[1].value == 4
 
 
 def test_no_room_for_more_workers_runs_on_those_there_are(monkeypatch):

@@ -96,7 +96,7 @@ def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list
     for d in summary.documents:
         if quiet and d.status in ("written", "skipped"):
             continue
-        outs = "" if to_stdout else ", ".join(path_text(o) for o in d.outputs)
+        outs = "" if to_stdout else _outputs_said(d.outputs)
         lines.append(f"{said.get(d.status, d.status):11} {path_text(d.doc.path)}" + (f" -> {outs}" if outs else "")
                      + (f" ({d.note})" if d.note else ""))
     page_failures = [f for d in summary.documents for f in d.failures if f.page is not None]
@@ -135,6 +135,18 @@ def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list
     lines.append(f"{count_by(by_status, 'document')}; {', '.join(pages)}, {count(summary.tokens, 'token')} "
                  f"in {summary.seconds:.1f} s")
     return lines
+
+
+def _outputs_said(outputs) -> str:
+    """A document's outputs in a line: its files by name, its page files (--page-files) counted,
+    not named: a 3,000-page PDF's line named every one."""
+    from ..pipeline.outputs import PAGE_FILE
+
+    pages = [o for o in outputs if PAGE_FILE.fullmatch(o.name)]
+    said = [path_text(o) for o in outputs if o not in pages]
+    if pages:
+        said.append(f"{count(len(pages), 'page file')} in {path_text(pages[0].parent)}")
+    return ", ".join(said)
 
 
 def echo_summary(summary, to_stdout: bool = False) -> None:

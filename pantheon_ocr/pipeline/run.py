@@ -234,7 +234,7 @@ class _Run:
                 kept_said = f"{n} page{'s' * (n != 1)} kept from the outputs"
                 again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
                               else f"{said} not finished last time and is not selected now: {kept_said}" if keep
-                              else f"read again: {said} not finished last time"
+                              else f"read again, all of it: {said} not finished last time"
                               + (f", and the pages read then were another model's ({other_model[doc.doc_id]})"
                                  if doc.doc_id in other_model else ""))
             state = self.states[doc.doc_id] = DocState(

@@ -266,7 +266,7 @@ def test_a_failed_page_is_read_with_the_whole_document_when_its_outputs_cannot_b
     jsonl.write_text(jsonl.read_text().replace('"page": 3', '"page": 3,,'))
     engine = FakeEngine()
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
-    assert again.documents[0].note == "read again: page 2 not finished last time" and again.pages_kept == 0
+    assert again.documents[0].note == "read again, all of it: page 2 not finished last time" and again.pages_kept == 0
     assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)]
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
 
@@ -282,7 +282,7 @@ def test_pages_are_kept_only_from_outputs_of_this_very_file(tmp_path):
     run_pipeline(expand_inputs([str(a)]), FakeEngine(fail_vision=lambda f: f.page == 2), options(tmp_path, formats=("md",)))
     engine = FakeEngine()
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, formats=("md", "jsonl")))
-    assert again.documents[0].note == "read again: page 2 not finished last time" and again.pages_kept == 0
+    assert again.documents[0].note == "read again, all of it: page 2 not finished last time" and again.pages_kept == 0
     assert sorted(engine.prefills) == [(2, 1), (2, 2), (2, 3)]
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(2, 1), (2, 2), (2, 3)])
 
@@ -301,7 +301,7 @@ def test_pages_are_kept_only_from_outputs_of_the_same_model(tmp_path):
     assert all(json.loads(r)["model"] == old for r in jsonl.read_text().splitlines())
     engine = FakeEngine(model=new)
     again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, **out))
-    assert again.documents[0].note == f"read again: page 2 not finished last time, and the pages read then were another model's ({old})"
+    assert again.documents[0].note == f"read again, all of it: page 2 not finished last time, and the pages read then were another model's ({old})"
     assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)] and again.pages_kept == 0
     assert all(json.loads(r)["model"] == new for r in jsonl.read_text().splitlines())
     # the same model keeps its pages; outputs that record none (older ones) keep theirs too

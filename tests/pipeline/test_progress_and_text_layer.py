@@ -201,6 +201,14 @@ def test_documents_sent_to_standard_output_are_read_not_written(tmp_path):
     assert lines[-1].startswith("1 document (1 read); 1 page read, ")
 
 
+def test_page_files_are_counted_not_named_in_the_summary(tmp_path):
+    """--page-files: a 3,000-page PDF's summary line named every page file."""
+    doc = pdf(tmp_path / "in", "d.pdf", 3, 1)
+    summary = run_pipeline(expand_inputs([str(doc)]), FakeEngine(), opts(tmp_path, page_files=True, formats=("md",)))
+    out = tmp_path / "out"
+    assert summary_lines(summary)[0] == f"written     {doc} -> {out / 'd.md'}, 3 page files in {out / 'd'}"
+
+
 def test_the_failure_heading_reads_as_english(tmp_path):
     """'1 document and 1 input path unreadable failed:' once; now what failed, then what was unreadable."""
     (tmp_path / "in").mkdir()

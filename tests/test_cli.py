@@ -230,6 +230,10 @@ def test_quiet_says_only_what_went_wrong(tmp_path):
         "a higher --max-tokens reads on"], err
     code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "c", "--max-tokens", 4)
     assert code == 0 and "engine:" in err and "1 document (1 written)" in err  # without -q, as before
+    # an explicit --progress wins over -q, as it does for archive run and models pull (one rule)
+    code, _, err = run("-q", "transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", tmp_path / "d", "--max-tokens", 4,
+                       "--progress")
+    assert code == 0 and err.startswith("[1/1] written ") and "engine:" not in err, err
 
 
 def test_a_lone_model_file_that_is_no_gguf_is_exit_3_naming_it(tmp_path):

@@ -8,7 +8,7 @@ import time
 import click
 
 from ..errors import ExitCode, UsageError
-from .common import count, count_by, stop_signals_as_interrupt, switch
+from .common import count, count_by, show_progress, stop_signals_as_interrupt
 
 
 @click.group()
@@ -40,7 +40,7 @@ def make_executor(spec, engine_factory, ray_address: str | None, ray_workers: in
                                              "settings changed: a run says so).")
 @click.option("--rebuild-state", is_flag=True,
               help="Set a damaged job state aside and rebuild it from the outputs (pages whose output is intact are not OCR'd again).")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal, not under -q).")
 def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_state, progress) -> None:
     """Run JOB.toml: new and changed documents are OCR'd, unfinished pages resumed."""
     if no_ray and (ray_address or ray_workers):  # which one was meant is not ours to guess
@@ -58,7 +58,7 @@ def run(job, ray_address, ray_workers, no_ray, retry_failed, reread, rebuild_sta
     if ray_workers and address is None:
         raise UsageError("--ray-workers runs on Ray: give --ray ADDRESS, or [ray] address in the job file")
     executor = make_executor(spec, job_run.model_engine_factory(spec), address, ray_workers)
-    show = click.get_text_stream("stderr").isatty() and not switch("quiet") if progress is None else progress
+    show = show_progress(progress, terminal_only=True)
 
     bar = progress_bar() if show else None
 

@@ -58,6 +58,15 @@ def stop_signals_as_interrupt():
                 signal.signal(s, h)
 
 
+def show_progress(asked: bool | None, terminal_only: bool = False) -> bool:
+    """Whether a command shows progress: as --progress/--no-progress say when given; else on
+    (for `terminal_only` commands when standard error is a terminal) unless -q. One rule for
+    transcribe, archive run and models pull, where each once wrote its own."""
+    if asked is not None:
+        return asked
+    return not switch("quiet") and (not terminal_only or click.get_text_stream("stderr").isatty())
+
+
 def switch(name: str) -> bool:
     """Whether the global switch -v ("verbose") or -q ("quiet") was given, before or after the command."""
     ctx = click.get_current_context(silent=True)

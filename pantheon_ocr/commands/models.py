@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 
 import click
 
 from ..errors import path_text
-from .common import switch
+from .common import show_progress
 
 # The limits of modelfiles/transfer.py, as this command shows them: flag (if any), variable.
 LIMIT_FLAGS = {"timeout": "--timeout or PANTHEON_HUB_TIMEOUT", "deadline": "--deadline or PANTHEON_HUB_DEADLINE",
@@ -24,7 +23,7 @@ def models() -> None:
 @click.option("--quant", metavar="Q", help="Text model quantization, e.g. Q8_0, Q4_K_M, Q6_K, F16 "
                                            "(default: the publisher's recommended one that the repo has).")
 @click.option("--revision", metavar="R", help="Branch, tag or commit of the repo (default: main).")
-@click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal, not under -q).")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
               help="Seconds to connect, the longest silence while downloading, the most each Hub answer may take, "
                    "and the window of the minimum rate [default: 20, or PANTHEON_HUB_TIMEOUT].")
@@ -48,7 +47,7 @@ def pull(name, quant, revision, progress, timeout, deadline) -> None:
     from ..modelfiles.hub import pull as pull_model
     from ..modelfiles.transfer import Limits
 
-    show = sys.stderr.isatty() and not switch("quiet") if progress is None else progress
+    show = show_progress(progress, terminal_only=True)
     limits = Limits.from_env(timeout=timeout, deadline=deadline)
     try:
         got = pull_model(name, quant, revision, progress=show, log=lambda line: click.echo(line, err=True),

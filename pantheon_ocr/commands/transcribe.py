@@ -28,8 +28,9 @@ from .options import shown, table_options
 @table_options(PipelineOptions, "segment", "render_workers", "page_timeout", "text_layer")
 @click.option("--text-fallback/--no-text-fallback", default=None, hidden=True,
               help="The old spelling of --text-layer fallback / --text-layer ocr.")
-@click.option("--progress/--no-progress", default=True, show_default=True,
-              help="Show progress on standard error: a live line on a terminal, a line per document otherwise.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show progress on standard error: a live line on a terminal, a line per document otherwise "
+                   "(default: on, off under -q).")
 def transcribe(inputs, model, mmproj, output, pages, formats, page_files, password, batch_size, max_tokens,
                temperature, top_p, seed, threads, weights, kv_dtype, prefill_chunk, vision_backend, device, vision_dtype,
                gpu_prefill, gpu_decode, overlap, skip_existing, segment, render_workers, page_timeout, text_layer,
@@ -40,7 +41,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
     from ..pipeline.naming import HEADER_PREFIX
     from ..pipeline.outputs import check_output_folder
     from ..pipeline.types import RunInterrupted
-    from .common import echo_notes, echo_summary, stop_signals_as_interrupt, switch
+    from .common import echo_notes, echo_summary, show_progress, stop_signals_as_interrupt
     from .progress import progress_bar
 
     if text_fallback is not None:
@@ -77,7 +78,7 @@ def transcribe(inputs, model, mmproj, output, pages, formats, page_files, passwo
                         render_workers=render_workers, segment=segment, page_timeout=page_timeout,
                         text_layer=text_layer, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         echo_notes(reader.notes)
-        bar = progress_bar(written="read" if to_stdout else "written") if progress and not switch("quiet") else None
+        bar = progress_bar(written="read" if to_stdout else "written") if show_progress(progress) else None
         try:
             summary = reader.transcribe(inputs, Path(output), on_progress=bar, overwrite=not skip_existing,
                                         keep_unfinished=not to_stdout)

@@ -36,9 +36,12 @@ def pixels(images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 
 class LineStream(IterableDataset):
     def __init__(self, seed: int, batch: int, line_height: int, max_width: int, encode, pool: int = 8,
-                 shuffle: float = 0.0, max_chars: int = 100):
+                 shuffle: float = 0.0, max_chars: int = 100, typeset: float = 0.0, piece_width: int = 0,
+                 stretch: float = 1.0):
         self.seed, self.batch, self.h, self.w, self.encode, self.pool = seed, batch, line_height, max_width, encode, pool
         self.shuffle, self.max_chars = shuffle, max_chars
+        # a share of groff-typeset pieces, cut at the reader's line width (lines.draw_line)
+        self.typeset, self.piece_width, self.stretch = typeset, piece_width or max_width, stretch
 
     def __iter__(self):
         info = get_worker_info()
@@ -48,7 +51,11 @@ class LineStream(IterableDataset):
             lines = []
             while len(lines) < self.batch * self.pool:
                 try:
-                    lines.append(draw_line(rng, "train", self.h, self.w, shuffle=self.shuffle, max_chars=self.max_chars))
+                    if self.typeset and rng.random() < self.typeset:
+                        lines.append(draw_line(rng, "train", self.h, self.piece_width, max_chars=self.max_chars, typeset=1.0,
+                                               stretch=self.stretch))
+                    else:
+                        lines.append(draw_line(rng, "train", self.h, self.w, shuffle=self.shuffle, max_chars=self.max_chars))
                 except Exception as e:  # noqa: BLE001 - a rendering bug costs one sample, not the run
                     print(f"warning: a sample of stream {stream} batch {k} failed: {type(e).__name__}: {e}", flush=True)
             lines.sort(key=lambda ln: ln.image.shape[1])

@@ -53,6 +53,9 @@ def parse(argv):
     ap.add_argument("--corrupt", type=float, default=0.2,
                     help="joint: share of fed text tokens replaced by random ones (forces reading the image)")
     ap.add_argument("--shuffle", type=float, default=0.15, help="share of lines whose words are shuffled")
+    ap.add_argument("--typeset", type=float, default=0.15,
+                    help="share of lines that are pieces of groff-typeset pages, cut as the pipeline cuts pages "
+                         "(training/typeset.py; needs groff, else drawn lines); at the --line-width, --line-stretch")
     ap.add_argument("--max-chars", type=int, default=100,
                     help="characters per training line; below 45, short pieces cut at words (the pieces a "
                          "reader with pantheon.reader.line_width reads long lines in)")
@@ -245,7 +248,8 @@ def main(argv=None) -> int:
           f"{sum(p.numel() for p in t.model.ctc_head.parameters()) / 1e6:.2f} M, training only); "
           f"stage {t.stage} step {t.step}", flush=True)
     stream = LineStream(a.seed * 1_000_003 + t.step + (10**9 if t.stage == "joint" else 0), a.batch,
-                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode, shuffle=a.shuffle, max_chars=a.max_chars)
+                        t.cfg.line_height, t.cfg.max_width, t.vocab.encode, shuffle=a.shuffle, max_chars=a.max_chars,
+                        typeset=a.typeset, piece_width=a.line_width, stretch=a.line_stretch)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=a.workers,
                                          persistent_workers=a.workers > 0, prefetch_factor=4 if a.workers else None)
     batches = iter(loader)

@@ -353,6 +353,13 @@ def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, p
     """The crop of a region, padded like the reader's training crops, scaled to `height` and its
     width then by `stretch` (the reader's line_stretch); a line wider than max_width is cut at its
     widest word gap near the middle (recursively)."""
+    return [img for _, img in line_pieces(grey, box, height, patch, max_width, stretch)]
+
+
+def line_pieces(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int,
+                stretch: float = 1.0) -> list[tuple[tuple[int, int, int, int], Image.Image]]:
+    """line_images with the page box each piece was cut from (training/typeset.py gives each
+    piece the text of the characters inside its box)."""
     x0, y0, x1, y1 = box
     h = y1 - y0
     pad_y, pad_x = max(1, round(0.15 * h)), max(2, round(0.3 * h))
@@ -365,10 +372,10 @@ def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, p
         gaps = _gaps(cols, max(2, 0.25 * h)) or [((x1 - x0) // 2, (x1 - x0) // 2)]
         mid = (x1 - x0) / 2
         gs, ge = min(gaps, key=lambda g: abs((g[0] + g[1]) / 2 - mid))
-        return (line_images(grey, (x0, y0, x0 + gs, y1), height, patch, max_width, stretch)
-                + line_images(grey, (x0 + ge, y0, x1, y1), height, patch, max_width, stretch))
+        return (line_pieces(grey, (x0, y0, x0 + gs, y1), height, patch, max_width, stretch)
+                + line_pieces(grey, (x0 + ge, y0, x1, y1), height, patch, max_width, stretch))
     img = Image.fromarray(np.ascontiguousarray(crop)).resize((min(width, max_width), height), Image.BICUBIC)
-    return [img]
+    return [(box, img)]
 
 
 def blocks(regions: list[Region]) -> list[Region]:

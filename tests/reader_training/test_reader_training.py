@@ -3,6 +3,8 @@ that our engine runs with the same numbers (and that reads back into torch uncha
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -237,3 +239,22 @@ def test_markup_lines_are_trained_on():
     assert sum(t.startswith("• ") for t in mixed) > 20  # list items of prose and others: ~1.1%; LaTeX's bullet read "·"
     assert 0.008 < sum(t.startswith(("\\begin", "\\end", "\\item", "#include", "$ ", "<")) or " & " in t
                       for t in mixed) / 3000 < 0.03  # the kinds these starts tell apart: ~1.3%
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
+def test_typeset_pieces_are_the_pipelines_crops_with_the_printed_text():
+    """Pieces of a groff-typeset page (training/typeset.py) are cut by the pipeline's segmenter and
+    line_pieces at the reader's width, and each one's text is what it shows: the paragraph comes
+    back whole, word for word in reading order, from its pieces."""
+    from training.lines import draw_line
+    from training.typeset import page_pieces, typeset_pdf
+
+    words = ("Le système de fichiers offre des répertoires, efficacement et avec différentes fonctionnalités "
+             "affinées; tapez make install puis redémarrez le service, le fichier contient 1234 entrées.").split()
+    pdf = typeset_pdf(".fam T\n.nr PS 11\n.nr HY 0\n.ad l\n.LP\n" + " ".join(words) + "\n")
+    pieces = page_pieces(pdf, 28, 14, 280, 1.12)
+    assert len(pieces) >= 4 and all(img.shape[0] == 28 and img.shape[1] % 14 == 0 and img.shape[1] <= 280
+                                    for img, _ in pieces)
+    assert " ".join(text for _, text in pieces).split() == words
+    line = draw_line(np.random.default_rng(3), "train", 28, 280, max_chars=32, typeset=1.0, stretch=1.12)
+    assert line.face == "groff" and 0 < len(line.text) <= 40 and line.image.shape[1] <= 280

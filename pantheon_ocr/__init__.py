@@ -9,7 +9,8 @@ The command line (`pantheon-ocr`) runs the same pipeline; see pantheon_ocr/api.p
 """
 
 __version__ = "0.1.0"
-# The errors a caller catches: PantheonError is every one of them, each with its exit_code
+# The errors a caller catches (PantheonError is every one of them, each with its exit_code), and
+# DocumentNote, the warning read() gives of what it noticed
 _ERRORS = ("PantheonError", "UsageError", "OptionError", "ModelError", "InputError", "WriteError", "NetworkError",
            "ResourceError", "DocumentNote")
 __all__ = ["Page", "Reader", "RunInterrupted", "RunSummary", *_ERRORS]

@@ -213,7 +213,7 @@ class Reader:
                     # document's note is its failed Page's error already
                     if item.note and item.note != NO_SELECTED_PAGE:
                         warnings.warn(DocumentNote(names.get(str(item.doc.path), item.doc.path), item.note),
-                                      stacklevel=2)
+                                      stacklevel=3)  # the caller's loop over read()
                     yield from order.finished(item)
         finally:
             stop.set()

@@ -392,3 +392,27 @@ def test_ctrl_c_twice_or_a_closed_terminal_keeps_the_pages_read(tmp_path, signal
     assert [r["page"] for r in records] == list(range(1, 61))
     read = [r for r in records if r["error"] is None]
     assert read and all(r["error"].startswith("not read") for r in records if r not in read)
+
+
+def test_nohup_keeps_a_run_going_when_the_terminal_closes():
+    """stop_signals_as_interrupt took SIGHUP over even where the process was started ignoring it
+    (`nohup`, which exists for that): a run under nohup stopped at logout. An ignored signal stays
+    ignored; the others stop the run, and a second within the grace is let pass."""
+    from pantheon_ocr.commands.common import stop_signals_as_interrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)  # ignored: nothing raised
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C at once: let pass
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

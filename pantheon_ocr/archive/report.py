@@ -42,11 +42,14 @@ class RunLog:
         self.events[event] += 1
         self.lists.setdefault(event, []).append(path_text(path))
 
-    def fail(self, path: str, page: int | None, reason: str, attempts: int = 0, input_path: bool = False) -> None:
+    def fail(self, path: str, page: int | None, reason: str, attempts: int = 0, input_path: bool = False,
+             short_of_memory: bool = False) -> None:
         """A failure of this run; input_path: a path the job's inputs name that is no document at
-        all (missing, a FIFO, a link loop), counted apart from the documents."""
+        all (missing, a FIFO, a link loop), counted apart from the documents; short_of_memory: a
+        page that failed for lack of memory (the run exits 71)."""
         self.failures.append({"path": path_text(path), "page": page, "reason": reason, "attempts": attempts,
-                              **({"input_path": True} if input_path else {})})
+                              **({"input_path": True} if input_path else {}),
+                              **({"short_of_memory": True} if short_of_memory else {})})
         if input_path:
             self.document(UNREADABLE_PATH, path)
 

@@ -216,7 +216,8 @@ class _JobRun:
             wrote = kept > 0 or recovered > 0 or any(a["outcome"] == "done" for a in self.log.attempts) or any(
                 self.state.document(row_id)["status"] in ("done", "partial") for row_id, _ in self.docs.values())
             status = "interrupted" if interrupted else "finished"
-            code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0)
+            code = run_exit_code(interrupted, bool(self.log.failures), wrote, self.log.events["write failed"] > 0,
+                                 any(f.get("short_of_memory") for f in self.log.failures))
         except PantheonError as e:
             failure, code = e, e.exit_code
         except sqlite3.Error as e:
@@ -351,7 +352,7 @@ class _JobRun:
                                   "seconds": dict(zip(STAGES, secs)), "t": now - self.log.t0})
         if outcome == "failed":
             self.log.fail(str(result.doc.path), result.page, error + (" (the PDF's text layer stands in)" if result.from_text_layer else ""),
-                          attempt)
+                          attempt, short_of_memory=result.short_of_memory)
         if left == 0:
             self._assemble(row_id)
 

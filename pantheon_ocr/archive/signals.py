@@ -1,8 +1,8 @@
-"""Ctrl-C and SIGTERM held back while a run takes or gives back its lock.
+"""Ctrl-C, SIGTERM and SIGHUP held back while a run takes or gives back its lock.
 
 A run stopped between "the lock is ours" and "our run row says so", or in the middle of its
 final bookkeeping (report, run row, lock), would leave the lock row and a run marked running
-(the next night refuses with 75 until the lock goes stale). Inside `HeldSignals` both signals
+(the next night refuses with 75 until the lock goes stale). Inside `HeldSignals` the stop signals
 are only noted; `pending` says whether one came, and the caller stops right after the block.
 """
 
@@ -11,7 +11,10 @@ from __future__ import annotations
 import signal
 import threading
 
-_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s is not None)
+# What stops a run as Ctrl-C does (SIGHUP: the terminal closed, an ssh session dropped); the
+# commands handle the same ones (commands/common.stop_signals_as_interrupt)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+_SIGNALS = STOP_SIGNALS
 
 
 class HeldSignals:

@@ -4,16 +4,19 @@ words from archive/wording.py, which the reports use too)."""
 from __future__ import annotations
 
 import signal
+import time
 from contextlib import contextmanager
 
 import click
 
 from ..archive.wording import count, count_by
+from ..archive.signals import STOP_SIGNALS
 from ..errors import path_text
 
 
-# What stops a run as Ctrl-C does (SIGHUP: the terminal closed, an ssh session dropped)
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+# A stop signal this soon after the first is a reflex (Ctrl-C pressed twice) or a supervisor's
+# repeat: let pass while the run saves what it read; a later one quits at once.
+GRACE_S = 5.0
 
 
 class Stopping:
@@ -21,10 +24,13 @@ class Stopping:
 
     def __init__(self) -> None:
         self.stopping = False
+        self.since = 0.0  # time.monotonic() of the first
 
     def note(self) -> None:
-        """The run ended stopped (a signal the library held back, say): from here on stop signals pass."""
-        self.stopping = True
+        """The run ended stopped (a signal the library held back, say): from here on stop signals
+        pass for GRACE_S."""
+        if not self.stopping:
+            self.stopping, self.since = True, time.monotonic()
 
 
 @contextmanager
@@ -32,21 +38,26 @@ def stop_signals_as_interrupt():
     """Ctrl-C, a closed terminal (SIGHUP) and cron's, systemd's and `kill`'s SIGTERM all stop a
     run as Ctrl-C does, so finished documents stay written, unfinished ones keep their pages read
     (and a job's pages recorded, its report written, its lock released), and the run exits 130
-    instead of dying by the signal. The first one stops the run; any more (Ctrl-C pressed twice, a
-    reflex; a supervisor that sends several) are let pass while it winds down, here and after this
-    block until the process ends: a second Ctrl-C during the wind-down once cut the saving of the
-    pages read, and the summary (a moment: the stages stop at their next layer) is printed whole.
-    Yields a Stopping: a command whose run ended stopped without this handler seeing the signal
-    (the archive holds signals back while it takes or gives back its lock) notes it there."""
+    instead of dying by the signal. The first one stops the run; more within GRACE_S (Ctrl-C
+    pressed twice, a reflex; a supervisor that sends several) are let pass while it winds down,
+    here and after this block until the process ends: a second Ctrl-C during the wind-down once
+    cut the saving of the pages read, and the summary is printed whole. One after that quits at
+    once, should the wind-down hang. A signal the process was started ignoring stays ignored
+    (`nohup` ignores SIGHUP, a shell without job control SIGINT for `cmd &`). Yields a Stopping:
+    a command whose run ended stopped without this handler seeing the signal (the archive holds
+    signals back while it takes or gives back its lock) notes it there."""
     state = Stopping()
 
     def handler(signum, frame):
-        if not state.stopping:
-            state.stopping = True
+        if not state.stopping or time.monotonic() - state.since > GRACE_S:
+            state.note()
             raise KeyboardInterrupt
 
     try:
-        previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+        previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        for s, h in previous.items():
+            if h is not signal.SIG_IGN:
+                signal.signal(s, handler)
     except ValueError:  # not the main thread
         yield state
         return
@@ -55,7 +66,8 @@ def stop_signals_as_interrupt():
     finally:
         if not state.stopping:
             for s, h in previous.items():
-                signal.signal(s, h)
+                if h is not signal.SIG_IGN:
+                    signal.signal(s, h)
 
 
 def show_progress(asked: bool | None, terminal_only: bool = False) -> bool:

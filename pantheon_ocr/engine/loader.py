@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import OptionError
+from ..errors import OptionError, path_record
 from ..options import TORCH_STORAGES, EngineOptions
 from .attention import TowerOptions
 from .threads import cores, cpu_count
@@ -56,7 +56,7 @@ def model_identity(*paths) -> str:
                     digest.update(f.read(span))
         except OSError:
             pass
-    return " + ".join(Path(p).name for p in paths) + f" #{digest.hexdigest()}"
+    return " + ".join(path_record(Path(p).name) for p in paths) + f" #{digest.hexdigest()}"  # valid UTF-8
 
 
 def _params(path) -> int | None:

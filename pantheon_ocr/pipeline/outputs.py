@@ -171,6 +171,7 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
     for folder in dict.fromkeys(place.folder for place in places):
         _sweep_stale_temps(folder)
     temps: list[str] = []
+    place = places[0] if places else None
     try:
         for place, (_, data) in zip(places, files):
             temps.append(_write_temp(place, data))
@@ -183,10 +184,13 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
         for i, place in enumerate(places):
             os.replace(temps[i], place.path)
             temps[i] = ""
-    except BaseException:
-        for place, tmp in zip(places, temps):
+    except BaseException as e:
+        if isinstance(e, OSError) and not isinstance(e, PlantedPath) and place is not None \
+                and (e.filename is None or TEMP_NAME.match(Path(os.fsdecode(e.filename)).name)):
+            e.filename, e.filename2 = str(place.path), None  # a full disk names no file: say the output's
+        for p, tmp in zip(places, temps):
             if tmp:
-                place.folder.unlink(Path(tmp).name)
+                p.folder.unlink(Path(tmp).name)
         raise
     for folder in folders:
         tree.folder(folder).fsync()

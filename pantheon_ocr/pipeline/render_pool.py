@@ -93,7 +93,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
             except InputError as e:  # pickled whole (PantheonError's contract)
                 reply = ("input", e)
             except MemoryError as e:  # the page's image does not fit: the run is short of memory
-                reply = ("memory", f"not enough memory to render the page ({e or 'MemoryError'})")
+                reply = ("memory", f"not enough memory to render the page ({str(e) or 'MemoryError'})")
             except Exception as e:  # noqa: BLE001 - any failure belongs to this task only
                 reply = ("exc", f"{type(e).__name__}: {e}")
             finally:

@@ -192,7 +192,8 @@ class _Run:
         model = self.engine.model or None  # "": an engine that does not say (none of the run's outputs record one)
         for doc in self.documents:
             claim = claims[doc.doc_id]
-            source = replace(claim.source, model=model) if claim.source is not None and not claim.done else claim.source
+            # the model of this run: with --overwrite a finished document's record is written anew
+            source = replace(claim.source, model=model) if claim.source is not None else None
             self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, source
             if claim.error is not None:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
@@ -234,7 +235,7 @@ class _Run:
                 kept_said = f"{n} page{'s' * (n != 1)} kept from the outputs"
                 again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
                               else f"{said} not finished last time and is not selected now: {kept_said}" if keep
-                              else f"read again, all of it: {said} not finished last time"
+                              else f"read again{', all of it' if len(pages) == n_pages else ''}: {said} not finished last time"
                               + (f", and the pages read then were another model's ({other_model[doc.doc_id]})"
                                  if doc.doc_id in other_model else ""))
             state = self.states[doc.doc_id] = DocState(

@@ -160,8 +160,9 @@ class Stages:
         the log (`-v` shows it), since such a failure is most often a bug to report. Running out
         of memory is no bug: said as that, and the run exits 71."""
         log.debug("page %s of %s: %s", page.task.page, page.task.doc.path, what, exc_info=e)
-        if isinstance(e, MemoryError):
-            self._fail(page, f"{what}: not enough memory ({e or 'MemoryError'}): read fewer pages at once "
+        # torch's OutOfMemoryError (CUDA, MPS) is a RuntimeError: known by name, torch not imported here
+        if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+            self._fail(page, f"{what}: not enough memory ({str(e) or 'MemoryError'}): read fewer pages at once "
                              "(a smaller batch), or give the run more memory", short_of_memory=True)
             return
         self._fail(page, f"{what}: {type(e).__name__}: {e}")

@@ -244,8 +244,10 @@ def test_busy_state_is_75():
 # ------------------------------------------------------------------ signals at any point
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
 @pytest.mark.parametrize("where", ["report", "finish", "start"])
-def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
+def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where, sig):
+    """SIGHUP (a dropped ssh session) is held back in the bookkeeping as SIGTERM is."""
     from pantheon_ocr.commands.common import stop_signals_as_interrupt as _stop_signals_as_interrupt
     import pantheon_ocr.archive.run as job_run
 
@@ -254,7 +256,7 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
 
     def sigterm_then(fn):
         def wrapped(*a, **kw):
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
             time.sleep(0.05)  # the signal is delivered here, in the middle of the step
             return fn(*a, **kw)
         return wrapped
@@ -265,7 +267,7 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
         monkeypatch.setattr(job_run.JobState, "finish_run", sigterm_then(job_run.JobState.finish_run))
     else:
         monkeypatch.setattr(job_run.Heartbeat, "start", sigterm_then(job_run.Heartbeat.start))
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with _stop_signals_as_interrupt():
             try:  # a stop during the work ends the run with 130; after it, the bookkeeping finishes first
@@ -273,7 +275,8 @@ def test_sigterm_in_bookkeeping_releases_the_lock(tmp_path, monkeypatch, where):
             except KeyboardInterrupt:  # (pytest.raises lets KeyboardInterrupt through)
                 stopped = True
     finally:
-        signal.signal(signal.SIGTERM, before)  # once stopped, the command keeps its handler until it ends
+        for s, h in before.items():  # once stopped, the command keeps its handlers until it ends
+            signal.signal(s, h)
     assert stopped
     assert sql(job, "SELECT count(*) FROM lock") == [(0,)]
     assert sql(job, "SELECT count(*) FROM runs WHERE status = 'running'") == [(0,)]
@@ -333,3 +336,31 @@ def test_a_job_file_copied_with_its_name_is_refused_and_a_moved_one_runs_on(tmp_
     job.unlink()
     assert run_job(load_job(moved), Counting()).exit_code == ExitCode.OK
     assert sql(moved, "SELECT value FROM meta WHERE key='job_file'") == [(str(moved),)]
+
+
+def test_pages_short_of_memory_exit_71(tmp_path):
+    """A night whose pages failed for lack of memory exited 1 or 4 (inputs unreadable), as
+    transcribe did: 71, out of resources, says to give it more memory or fewer pages at once."""
+    from fake_engine import EngineFactory
+
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    job = write_job(tmp_path)
+    base = EngineFactory()
+
+    def factory():
+        engine, notes = base()
+        real = engine.vision
+
+        def vision(image):
+            features = real(image)
+            if features.page == 2:
+                raise MemoryError("Unable to allocate 1.2 GiB")
+            return features
+
+        engine.vision = vision
+        return engine, notes
+
+    result = run_job(load_job(job), factory)
+    assert result.exit_code == ExitCode.OUT_OF_RESOURCES
+    (failure,) = result.summary["failures"]
+    assert failure["page"] == 2 and "not enough memory (Unable to allocate 1.2 GiB)" in failure["reason"]

@@ -23,7 +23,11 @@ def test_model_identity_tells_retrained_weights_apart(tmp_path):
     assert model_identity(a, b) != first
     small = tmp_path / "small.gguf"
     small.write_bytes(b"GGUF")  # shorter than the spans it samples
-    assert model_identity(small) == model_identity(small) != model_identity(tmp_path / "missing.gguf")
+    assert model_identity(small) == model_identity(small)
+    assert model_identity(tmp_path / "missing.gguf").startswith("missing.gguf #")  # loading it says why
+    odd = tmp_path / "mod\udce8le.gguf"  # a name that is no UTF-8: recorded as outputs record names
+    odd.write_bytes(b"GGUF")
+    assert model_identity(odd).startswith("mod\\xe8le.gguf #")
 
 
 def test_the_loaded_engine_says_its_model():

@@ -304,6 +304,10 @@ def test_pages_are_kept_only_from_outputs_of_the_same_model(tmp_path):
     assert again.documents[0].note == f"read again, all of it: page 2 not finished last time, and the pages read then were another model's ({old})"
     assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)] and again.pages_kept == 0
     assert all(json.loads(r)["model"] == new for r in jsonl.read_text().splitlines())
+    # --overwrite with another model records that model, so its pages are never kept for the first
+    run_pipeline(expand_inputs([str(a)]), FakeEngine(model=old, fail_vision=lambda f: f.page == 2),
+                 options(tmp_path, overwrite=True, **out))
+    assert all(json.loads(r)["model"] == old for r in jsonl.read_text().splitlines())
     # the same model keeps its pages; outputs that record none (older ones) keep theirs too
     for recorded in (new, None):
         run_pipeline(expand_inputs([str(a)]), FakeEngine(model=new, fail_vision=lambda f: f.page == 2),

@@ -222,3 +222,19 @@ def test_control_characters_never_reach_the_markdown_or_the_text_file(tmp_path):
     assert not any(c in md + txt.replace("\f", "") for c in "\x1b\x07\x00\r\x85")
     assert txt.count("\f") == 1  # the page break, and no other
     assert json.loads(render_jsonl([result(d, 1, raw)]).split("\n")[0])["text"] == raw
+
+
+def test_a_full_disk_names_the_output_it_was_writing(tmp_path, monkeypatch):
+    """ENOSPC from a write names no file: the failure said 'cannot write the output: No space left
+    on device' with nothing to go on. The output being written is named."""
+    import errno
+
+    from pantheon_ocr.pipeline import outputs
+
+    def full(place, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs, "_write_temp", full)
+    with pytest.raises(OSError) as e:
+        outputs.atomic_write_bytes(tmp_path / "a.md", b"x")
+    assert outputs.write_problem(e.value) == f"cannot write the output {tmp_path / 'a.md'}: No space left on device"

@@ -44,6 +44,8 @@ from ..errors import path_record, path_text
 from .files import open_regular, sha256_of
 from .inputs import Document, page_ranges
 
+PAGE_FILE = re.compile(r"page-(\d{4,})\.md")  # OutputPaths.page_file's names
+
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
 _PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
 IMAGES_SUFFIX = "_images"  # a document's crops folder: `<out>/<doc>_images` (figures.py)
@@ -168,8 +170,17 @@ class OutputPaths:
     def documents(self, formats: Sequence[str]) -> list[Path]:
         return [self.file(f) for f in formats]
 
-    def exist(self, formats: Sequence[str]) -> bool:
-        return all(p.is_file() for p in self.documents(formats))
+    def exist(self, formats: Sequence[str], page_files: bool = False) -> bool:
+        """Whether its outputs in `formats` are there (and with `page_files`, its first page file)."""
+        if not all(p.is_file() for p in self.documents(formats)):
+            return False
+        if not page_files:
+            return True
+        try:
+            with os.scandir(self.base) as names:
+                return any(PAGE_FILE.fullmatch(e.name) for e in names)
+        except OSError:  # no folder of page files (or none that can be read)
+            return False
 
     def recorded_source(self, formats: Sequence[str]) -> Source | None:
         """The Source recorded in the existing Markdown (its first line) or, without Markdown,
@@ -342,14 +353,15 @@ class Claim:
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
-              pages: str | None = None) -> dict[str, Claim]:
+              pages: str | None = None, page_files: bool = False) -> dict[str, Claim]:
     """doc_id -> Claim for a run's documents: settles the names against the output folder, in
     the stable priority order, and decides which documents are done. Only outputs made with the
     page selection `pages` (PipelineOptions.pages; None: every page) can make a document done.
     A document whose outputs record its path, size and mtime is done without reading it; any
     other is hashed (the record its outputs will carry) and is done only if the recorded sha256
     matches. A document whose outputs record failed pages is never done: those pages are read again
-    (pipeline/run.py keeps the others, readback.py)."""
+    (pipeline/run.py keeps the others, readback.py). With `page_files` a document without them (a
+    run without --page-files made its outputs) is not done either: it was skipped, and never got them."""
     wanted = page_selection(pages)
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()
@@ -357,7 +369,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed)
         same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
-            if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats) \
+            if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats, page_files) \
                     and paths.records_agree(formats, recorded):
                 claims[doc.doc_id] = Claim(paths, recorded, True)
                 continue
@@ -366,7 +378,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
         same = source.same_file(recorded)
-        done = same_pages and same and paths.exist(formats) and paths.records_agree(formats, recorded)
+        done = same_pages and same and paths.exist(formats, page_files) and paths.records_agree(formats, recorded)
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
                                    model_before=recorded.model if same else None)

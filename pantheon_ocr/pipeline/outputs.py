@@ -46,13 +46,12 @@ from typing import Sequence
 from ..errors import WriteError, path_record, path_text
 from .figures import figure_files, figure_records, images_dir, linked_text, remove_stale
 from .files import OutputFolder, OutputTree, PlantedPath
-from .naming import OutputPaths, Source, failed_pages, output_root
+from .naming import PAGE_FILE, OutputPaths, Source, failed_pages, output_root
 from .types import STAGES, TEXT_LAYER, PageResult
 
 TEMP_PREFIX = ".pantheon-"
 TEMP_NAME = re.compile(r"^\.pantheon-(?P<hash>[0-9a-f]{12})-[a-z0-9_]{8}\.tmp$")
 _TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
-PAGE_FILE = re.compile(r"page-(\d{4,})\.md")
 
 
 def temp_tag(name: str) -> str:

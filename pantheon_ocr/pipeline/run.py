@@ -188,7 +188,7 @@ class _Run:
             return
         opts = self.options
         to_open, again, kept, other_model = [], {}, {}, {}
-        claims = claim_all(self.documents, self.paths, opts.formats, opts.pages)  # outputs of other pages are not done
+        claims = claim_all(self.documents, self.paths, opts.formats, opts.pages, opts.page_files)  # outputs of other pages are not done
         model = self.engine.model or None  # "": an engine that does not say (none of the run's outputs record one)
         for doc in self.documents:
             claim = claims[doc.doc_id]

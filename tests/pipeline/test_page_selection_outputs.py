@@ -183,3 +183,15 @@ def test_transcribe_all_pages_after_one(tmp_path):
     # `<!-- page 2 -->` or `<!-- page 2 stopped: max_tokens -->`: each page once, in order
     assert [int(line.split()[2]) for line in md.splitlines() if line.startswith("<!-- page ")] == [1, 2, 3]
     assert "pages" not in header(tmp_path / "pg" / "dense3.md")
+
+
+def test_page_files_asked_for_after_a_run_without_them_are_written(tmp_path):
+    """A finished document was skipped ("outputs exist") when the next run asked for --page-files,
+    which it never got."""
+    docs = three_pages(tmp_path)
+    folder = tmp_path / "out" / "a"
+    assert run(docs, tmp_path) == ("written", 3) and not folder.exists()
+    assert run(docs, tmp_path, page_files=True) == ("written", 3)
+    assert sorted(p.name for p in folder.iterdir()) == ["page-0001.md", "page-0002.md", "page-0003.md"]
+    assert run(docs, tmp_path, page_files=True) == ("skipped", 0)
+    assert run(docs, tmp_path) == ("skipped", 0)  # without --page-files they are not needed

@@ -36,6 +36,7 @@ import errno
 import hashlib
 import json
 import os
+from os import fsdecode  # not through `os`: tests stand a fake `os` in for this module's writes
 import re
 import secrets
 import tempfile
@@ -185,7 +186,7 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
             temps[i] = ""
     except BaseException as e:
         if isinstance(e, OSError) and not isinstance(e, PlantedPath) and place is not None \
-                and (e.filename is None or TEMP_NAME.match(Path(os.fsdecode(e.filename)).name)):
+                and (e.filename is None or TEMP_NAME.match(Path(fsdecode(e.filename)).name)):
             e.filename, e.filename2 = str(place.path), None  # a full disk names no file: say the output's
         for p, tmp in zip(places, temps):
             if tmp:
@@ -200,7 +201,7 @@ def write_problem(e: OSError) -> str:
     (a rename's target, not its hidden temp), where the error names one; a PlantedPath says its own."""
     if isinstance(e, PlantedPath):  # its reason names the path
         return f"cannot write the output: {e.strerror}"
-    names = [n for n in (e.filename2, e.filename) if n is not None and not TEMP_NAME.match(Path(os.fsdecode(n)).name)]
+    names = [n for n in (e.filename2, e.filename) if n is not None and not TEMP_NAME.match(Path(fsdecode(n)).name)]
     return f"cannot write the output{' ' + path_text(names[0]) if names else ''}: {e.strerror or e}"
 
 

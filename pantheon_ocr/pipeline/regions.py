@@ -89,7 +89,8 @@ class RegionGroup:
         """The regions of blocks read as noise: a picture (a photograph, a halftone) cut into
         lines reads as lines of stray symbols the reader is unsure of, token after token. A block
         of NOISE_LINES lines or more goes when its tokens' mean log-probability is below
-        NOISE_LOGPROB and under NOISE_LETTERS of its characters are letters. A line alone never
+        NOISE_LOGPROB and under NOISE_LETTERS of its characters are letters of Latin-1 (ASCII's and
+        the accented ones of Western languages; a Polish or Czech text's own are still mostly these). A line alone never
         goes (a title, a page number misread is still the page's); nor does a poor scan's text,
         read as unsure but still as letters (its words half right are worth keeping).
 
@@ -97,7 +98,7 @@ class RegionGroup:
         -0.01 to -0.23 a token (tables and code down to 0.28 letters); the same pages scanned badly
         (halved, blurred, noisy: CER 0.33) down to -1.7, but 0.63 letters and more but one block
         of garbage; pictures -0.51 to -1.32 and 0.07 to 0.55 letters. The pages of
-        scripts/eval_pictures.py read at CER 0.014 with it, 0.312 without (stretch 11's pair). (A
+        scripts/eval_pictures.py read at CER 0.013 with it, 0.318 without (stretch 12's pair). (A
         sequence stopped at max_tokens scored no end token: its block's mean comes out a little
         higher than it was, so the block is kept if anything.)"""
         by_block: dict[int, list[int]] = {}
@@ -114,7 +115,9 @@ class RegionGroup:
             seqs = [s for i in members for s in self.seqs[i]]
             tokens = sum(s.n_tokens + 1 for s in seqs)  # the end token is scored too
             chars = "".join(texts[i] for i in members).replace(" ", "")
-            letters = sum(c.isalpha() for c in chars) / max(1, len(chars))
+            # Latin-1's letters only: a picture's noise also comes out as rare letters among the
+            # symbols (stretch 12 read one as "Ļ_Ńæ¬×‹¬«‹«śĴæ", 0.60 letters counting those)
+            letters = sum(c.isalpha() and c <= "\xff" for c in chars) / max(1, len(chars))
             if sum(s.logprob for s in seqs) / tokens < NOISE_LOGPROB and letters < NOISE_LETTERS:
                 noise.update(members)
                 what = "a picture beside a line" if self.regions[members[0]].picture else f"a block of {len(members)} lines"

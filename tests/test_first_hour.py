@@ -363,6 +363,13 @@ def test_read_warns_of_selected_pages_past_a_documents_end(reader):
     assert page.page == 0 and "none of the selected pages (5) exists" in page.error
 
 
+def _signals_by_default() -> None:
+    """In the child: Ctrl-C and SIGHUP as a terminal's process has them. A run under nohup (CI's)
+    ignores SIGHUP, and its children inherit that; the command keeps what it inherits ignored."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGHUP,)], ids=["ctrl-c-twice", "sighup"])
 def test_ctrl_c_twice_or_a_closed_terminal_keeps_the_pages_read(tmp_path, signals):
     """A second Ctrl-C tens of milliseconds after the first (a reflex) came while the run waited
@@ -375,7 +382,8 @@ def test_ctrl_c_twice_or_a_closed_terminal_keeps_the_pages_read(tmp_path, signal
     text_pdf(src / "b.pdf", n_pages=60)
     proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(src), "--model", str(MODEL),
                              "-o", str(tmp_path / "out"), "--max-tokens", "8", "--batch-size", "1", "--text-layer", "ocr",
-                             "--format", "md,jsonl"], cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "--format", "md,jsonl"], cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_signals_by_default)  # as from a terminal, not as this test runs (nohup, &)
     seen, t0 = "", time.perf_counter()
     while "[1/2]" not in seen:  # a.pdf is written: b.pdf's pages are being read
         line = proc.stderr.readline()

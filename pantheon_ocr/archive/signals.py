@@ -14,7 +14,6 @@ import threading
 # What stops a run as Ctrl-C does (SIGHUP: the terminal closed, an ssh session dropped); the
 # commands handle the same ones (commands/common.stop_signals_as_interrupt)
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-_SIGNALS = STOP_SIGNALS
 
 
 class HeldSignals:
@@ -24,7 +23,7 @@ class HeldSignals:
 
     def __enter__(self) -> "HeldSignals":
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for sig in _SIGNALS:
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._hold)
         return self
 

@@ -44,10 +44,13 @@ from ..errors import path_record, path_text
 from .files import open_regular, sha256_of
 from .inputs import Document, page_ranges
 
-PAGE_FILE = re.compile(r"page-(\d{4,})\.md")  # OutputPaths.page_file's names
+PAGE_FILE = re.compile(r"page-(\d{4,})\.md")  # OutputPaths.page_file's names, as written
+# A document's stem that could meet a page file: `<out>/a/page-0003.md` of a document `a/page-0003.pdf`
+# is `a.pdf`'s page 3. Matched without case (a case-insensitive file system makes Page-0003 the
+# same file) and without `.md` (it is a stem); such a document always takes the `-<doc id>` suffix.
+PAGE_STEM = re.compile(r"page-\d{4,}", re.IGNORECASE)
 
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
-_PAGE_FILE = re.compile(r"page-\d{4,}", re.IGNORECASE)
 IMAGES_SUFFIX = "_images"  # a document's crops folder: `<out>/<doc>_images` (figures.py)
 NAME_ROOM = len(IMAGES_SUFFIX)  # the longest suffix the writers add to a document's name
 ID_SUFFIX = 9  # bytes of "-<doc id[:8]>"
@@ -192,13 +195,16 @@ class OutputPaths:
         return self._record("jsonl") if "jsonl" in formats else None
 
     def records_agree(self, formats: Sequence[str], recorded: Source) -> bool:
-        """Whether the Markdown and the JSONL, those of `formats`, both record `recorded`'s file,
-        page selection and failed pages: a JSONL left by a run over an earlier version, or by an
-        unfinished run, beside a Markdown finished since with `--format md` is no finished output
-        (it was kept for good, and the document skipped)."""
-        key = (recorded.sha256, recorded.pages, recorded.failed)
-        return all((r := self._record(fmt)) is not None and (r.sha256, r.pages, r.failed) == key
-                   for fmt in ("md", "jsonl") if fmt in formats)
+        """Whether, with both Markdown and JSONL in `formats`, the JSONL records the file, page
+        selection and failed pages that `recorded` (recorded_source's: the Markdown's record, read
+        once there) does: a JSONL left by a run over an earlier version, or by an unfinished run,
+        beside a Markdown finished since with `--format md` is no finished output (it was kept for
+        good, and the document skipped). Without Markdown there is one record, and it agrees."""
+        if "md" not in formats or "jsonl" not in formats:
+            return True
+        other = self._record("jsonl")
+        return other is not None and (other.sha256, other.pages, other.failed) == \
+            (recorded.sha256, recorded.pages, recorded.failed)
 
     def _record(self, fmt: str) -> Source | None:
         try:
@@ -296,7 +302,7 @@ def plan_output_paths(documents: Iterable[Document], out_dir: str | os.PathLike)
     stems: dict[str, PurePath] = {}
     for doc in sorted(unique.values(), key=lambda d: os.fsencode(d.path)):
         stem = stems[doc.doc_id] = output_stem(doc)
-        if not _PAGE_FILE.fullmatch(stem.name) and _size(stem.name) <= name_limit - NAME_ROOM:
+        if not PAGE_STEM.fullmatch(stem.name) and _size(stem.name) <= name_limit - NAME_ROOM:
             first_of.setdefault(str(stem).casefold(), doc.doc_id)
     plan: dict[str, OutputPaths] = {}
     for doc_id, stem in stems.items():

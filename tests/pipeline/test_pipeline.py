@@ -90,9 +90,11 @@ def test_outputs_in_page_order_with_continuous_batching(tmp_path):
     # continuous batching: never more than 3 together; page 1 shared batches with pages 4+
     assert max(len(b) for b in engine.batches) == 3
     assert any((1, 1) in b and (1, 5) in b for b in engine.batches)
-    # progress: a first call with the totals, then one per page, tokens add up
+    # progress: a first call with the totals, then one per page (and, on a slow machine, reports
+    # every PROGRESS_EVERY while a page is under way, which count no page), tokens add up
     assert progress[0].pages_done == 0 and progress[0].pages_total == 11
-    assert [p.pages_done for p in progress[1:]] == list(range(1, 12))
+    done = [p.pages_done for p in progress[1:]]
+    assert done == sorted(done) and [d for d, before in zip(done, [0] + done) if d != before] == list(range(1, 12))
     assert progress[-1].tokens == summary.tokens == sum(len(b) for b in engine.batches)
     assert summary.pages_done == 11 and no_temp_files(out) and not render_children()
 

@@ -40,7 +40,7 @@ class LineStream(IterableDataset):
                  stretch: float = 1.0):
         self.seed, self.batch, self.h, self.w, self.encode, self.pool = seed, batch, line_height, max_width, encode, pool
         self.shuffle, self.max_chars = shuffle, max_chars
-        # a share of groff-typeset pieces, cut at the reader's line width (lines.draw_line)
+        # the share of groff-typeset pieces, cut at the reader's line width (lines.draw_line): decided here alone
         self.typeset, self.piece_width, self.stretch = typeset, piece_width or max_width, stretch
 
     def __iter__(self):
@@ -52,7 +52,7 @@ class LineStream(IterableDataset):
             while len(lines) < self.batch * self.pool:
                 try:
                     if self.typeset and rng.random() < self.typeset:
-                        lines.append(draw_line(rng, "train", self.h, self.piece_width, max_chars=self.max_chars, typeset=1.0,
+                        lines.append(draw_line(rng, "train", self.h, self.piece_width, max_chars=self.max_chars, typeset=True,
                                                stretch=self.stretch))
                     else:
                         lines.append(draw_line(rng, "train", self.h, self.w, shuffle=self.shuffle, max_chars=self.max_chars))

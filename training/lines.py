@@ -22,14 +22,15 @@ class Line:
 
 
 def draw_line(rng: np.random.Generator, split: str, line_height: int, max_width: int, face_split: str | None = None,
-              shuffle: float = 0.0, max_chars: int = 100, kind: str | None = None, typeset: float = 0.0,
+              shuffle: float = 0.0, max_chars: int = 100, kind: str | None = None, typeset: bool = False,
               stretch: float = 1.0) -> Line:
     """A line of `split` text (at most max_chars; of one `kind` of texts.sample_text if given) in a
     face of `face_split` (default: the same split); with probability `shuffle` its words in random
-    order, which no language model can guess. With probability `typeset` instead a piece of a page
-    groff typeset, cut as the pipeline cuts pages (typeset.py: max_width is then the reader's
-    line_width, `stretch` its line_stretch), when groff is installed."""
-    if typeset and kind is None and rng.random() < typeset:
+    order, which no language model can guess. With `typeset` instead a piece of a page groff
+    typeset, cut as the pipeline cuts pages (typeset.py: max_width is then the reader's line_width,
+    `stretch` its line_stretch), when groff is installed and gives one short enough (else a drawn
+    line). The share of typeset pieces is the caller's (data.LineStream)."""
+    if typeset and kind is None:
         got = _TYPESET.draw(rng, split, line_height, max_width, stretch)
         if got is not None and len(got[1]) <= max_chars + max_chars // 4:
             return Line(got[0], got[1], "groff")

@@ -256,5 +256,5 @@ def test_typeset_pieces_are_the_pipelines_crops_with_the_printed_text():
     assert len(pieces) >= 4 and all(img.shape[0] == 28 and img.shape[1] % 14 == 0 and img.shape[1] <= 280
                                     for img, _ in pieces)
     assert " ".join(text for _, text in pieces).split() == words
-    line = draw_line(np.random.default_rng(3), "train", 28, 280, max_chars=32, typeset=1.0, stretch=1.12)
+    line = draw_line(np.random.default_rng(3), "train", 28, 280, max_chars=32, typeset=True, stretch=1.12)
     assert line.face == "groff" and 0 < len(line.text) <= 40 and line.image.shape[1] <= 280

@@ -132,8 +132,10 @@ class Stages:
         s = page.seconds
         if limit is None or s["vision"] + s["prefill"] + s["decode"] <= limit:
             return False
-        self._fail(page, f"timeout: the page took longer than {limit:g} s (vision {s['vision']:.1f} s, "
-                         f"prefill {s['prefill']:.1f} s, decode {s['decode']:.1f} s)")
+        # the stages it went through (a page stopped after vision never ran prefill or decode)
+        spent = ", ".join(f"{stage} {s[stage]:.{1 if s[stage] >= 1 else 2}f} s"
+                          for stage in ("vision", "prefill", "decode") if s[stage] > 0)
+        self._fail(page, f"timeout: the page took longer than {limit:g} s ({spent})")
         return True
 
     def _hand_over(self, page: _Page) -> bool:

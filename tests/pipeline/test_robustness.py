@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -380,6 +381,9 @@ def test_page_timeout_fails_the_page_and_the_batch_goes_on(tmp_path):
     slow_vision.vision = _slow_on_page(slow_vision.vision, page=1, seconds=1.5)
     summary = run_pipeline(expand_inputs([str(a)]), slow_vision, opts(tmp_path, page_timeout=1.0, overwrite=True))
     assert [(f.page, f.reason.split(":")[0]) for f in summary.failed_pages] == [(1, "timeout")]
+    # the reason names the stages the page went through, not a prefill and decode of "0.0 s"
+    assert re.search(r"\(vision 1\.\d s\)$", summary.failed_pages[0].reason), summary.failed_pages[0].reason
+    assert re.search(r"\(vision [\d.]+ s, prefill [\d.]+ s, decode [\d.]+ s\)$", failure.reason), failure.reason
 
 
 def _slow_on_page(vision, page: int, seconds: float):

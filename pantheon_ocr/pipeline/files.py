@@ -256,15 +256,16 @@ class OutputTree:
         self._fds.clear()
         self._folders.clear()
 
-    def folder(self, path: Path, create: bool = True) -> OutputFolder | None:
+    def folder(self, path: Path, create: bool = True, doing: str | None = None) -> OutputFolder | None:
         """The folder at `path` (made, with the folders above it, if `create`; else None when
         it is not there). PlantedPath if a name on the way below the root is a link or not a
-        folder; OSError as usual otherwise."""
+        folder (refusing to `doing` there: "write", or "write or delete" where nothing is made);
+        OSError as usual otherwise."""
         path = Path(path)
         if path in self._folders:
             return self._folders[path]
         root = self.root if self.root is not None and path.is_relative_to(self.root) else path
-        doing = "write" if create else "write or delete"
+        doing = doing or ("write" if create else "write or delete")
         if _walk(root, path, doing) is None and not create:
             return None
         os.makedirs(root, exist_ok=True)

@@ -349,6 +349,22 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     return [path for path, _ in files[n_crops:]]
 
 
+def check_targets(paths: OutputPaths, formats: Sequence[str], page_files: bool = False, doc=None) -> None:
+    """PlantedPath if a symbolic link stands where one of the document's outputs goes (or a link or
+    a file where one of its folders does): found before the document is read, so that its pages
+    are not read to be refused at the end. write_document checks again as it writes (the tree
+    can change meanwhile); a folder not there yet is no problem (it is made then)."""
+    with OutputTree(paths.root or output_root(paths.base, doc)) as tree:
+        folder = tree.folder(paths.base.parent, create=False, doing="write")
+        if folder is None:
+            return
+        for fmt in formats:
+            folder.check_target(paths.file(fmt).name)
+        if page_files:
+            tree.folder(paths.base, create=False, doing="write")  # their folder
+        tree.folder(images_dir(paths.base), create=False)  # stale crops are removed from it
+
+
 def remove_old_page_files(paths: OutputPaths, pages: set[int], doc=None) -> None:
     """Per-page files of pages a changed document no longer has (they would otherwise pass for
     part of the new version), removed from its folder as the writers reach it: never through a

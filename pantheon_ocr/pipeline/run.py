@@ -33,12 +33,12 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from .files import changed_since, file_stamp
+from .files import PlantedPath, changed_since, file_stamp
 from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
 from .naming import claim_all, plan_output_paths
-from .outputs import write_document, write_problem
+from .outputs import check_targets, write_document, write_problem
 from .readback import read_pages
 from .regions import for_options
 from .render import open_pages, render_page
@@ -182,6 +182,19 @@ class _Run:
             pages_kept=self.pages_kept,
         )
 
+    def _planted(self, paths, doc: Document) -> str | None:
+        """Why the document's outputs could not be written, when a link or a file is planted
+        where they go: said before its pages are read, not after (None: nothing in the way)."""
+        if not self.write_outputs:
+            return None
+        try:
+            check_targets(paths, self.options.formats, self.options.page_files, doc)
+        except PlantedPath as e:
+            return write_problem(e)
+        except OSError:  # anything else is the writers' to meet, and to report
+            pass
+        return None
+
     def _plan(self) -> None:
         if self.explicit_tasks is not None:
             self._plan_tasks(self.explicit_tasks)
@@ -197,6 +210,8 @@ class _Run:
             self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, source
             if claim.error is not None:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
+            elif (planted := self._planted(claim.paths, doc)) is not None:
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", failures=(PageFailure(str(doc.path), None, planted),))
             elif claim.done and not opts.overwrite:
                 self.outcomes[doc.doc_id] = DocumentOutcome(
                     doc, "skipped", outputs=tuple(claim.paths.documents(opts.formats)), note=OUTPUTS_EXIST

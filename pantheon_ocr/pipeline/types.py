@@ -158,7 +158,8 @@ class RunInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-# unwritten = its pages were read but its outputs could not be written (exit code 73)
+# unwritten = its outputs could not be written (exit code 73): its pages were read, or were not read
+# because a link or a file stood where its outputs go (pipeline/run.py: _planted)
 DocStatus = Literal["written", "partial", "skipped", "failed", "interrupted", "unwritten"]
 
 

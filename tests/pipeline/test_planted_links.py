@@ -93,6 +93,7 @@ def test_a_linked_page_file_folder(tmp_path):
     os.symlink(target, tmp_path / "out" / "a")
     summary = transcribe(tmp_path, page_files=True)
     assert summary.documents[0].status == "unwritten" and "out/a is a symbolic link" in failure_of(summary, "a.pdf")
+    assert summary.pages_done == 0  # said before its pages were read
     untouched(target, "page-0001.md", "page-0009.md")
     assert list((tmp_path / "out").iterdir()) == [tmp_path / "out" / "a"]  # no temp, no primary
     # nor are stale page files removed through it (archive jobs remove them after a write)
@@ -111,6 +112,20 @@ def test_a_link_in_place_of_an_output_file(tmp_path):
     assert "out/a.md is a symbolic link" in failure_of(summary, "a.pdf")
     untouched(target, "x.md")
     assert not (tmp_path / "out" / "a.jsonl").exists()  # all or none
+    # refused before its pages were read, not after reading them all
+    assert summary.documents[0].status == "unwritten" and summary.pages_done == 0
+    assert summary.exit_code == ExitCode.CANNOT_WRITE
+
+
+def test_a_link_where_no_output_of_this_run_goes_is_no_obstacle(tmp_path):
+    """A link where page files would go, in a run without --page-files, is left alone."""
+    write_pdf(tmp_path / "in" / "a.pdf")
+    target = elsewhere(tmp_path, "page-0001.md")
+    (tmp_path / "out").mkdir()
+    os.symlink(target, tmp_path / "out" / "a")
+    summary = transcribe(tmp_path)
+    assert summary.documents[0].status == "written" and (tmp_path / "out" / "a.md").is_file()
+    untouched(target, "page-0001.md")
 
 
 def test_a_linked_output_root_is_the_users_choice(tmp_path):

@@ -356,6 +356,9 @@ class Claim:
     error: str | None = None
     failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
     model_before: str | None = None  # the model its outputs record, with failed_before (Source.model)
+    # its outputs are a finished reading of this very file, of any page selection (done or not):
+    # a stopped run keeps them rather than put a part of its own reading in their place
+    finished: bool = False
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
@@ -377,15 +380,16 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats, page_files) \
                     and paths.records_agree(formats, recorded):
-                claims[doc.doc_id] = Claim(paths, recorded, True)
+                claims[doc.doc_id] = Claim(paths, recorded, True, finished=True)
                 continue
             source = source_of(doc, wanted)
         except OSError as e:
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
         same = source.same_file(recorded)
-        done = same_pages and same and paths.exist(formats, page_files) and paths.records_agree(formats, recorded)
+        finished = same and not recorded.failed and paths.exist(formats) and paths.records_agree(formats, recorded)
+        done = finished and same_pages and paths.exist(formats, page_files)
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
-                                   model_before=recorded.model if same else None)
+                                   model_before=recorded.model if same else None, finished=finished)
     return claims

@@ -114,7 +114,7 @@ class _Run:
         )
         self.stop = stop if stop is not None else threading.Event()
         self.sources: dict = {}  # doc_id -> naming.Source, recorded in its outputs
-        self.finished_before: set[str] = set()  # doc_ids whose finished outputs --overwrite replaces
+        self.finished_before: set[str] = set()  # doc_ids whose finished outputs this run replaces (Claim.finished)
         self.fallback = TextLayerFallback(options.password, options.render_timeout, start_method) \
             if options.text_layer != "ocr" else None
         self.figures = FigureCropper(options.password, options.render_timeout, start_method)  # bbox models' image regions
@@ -218,7 +218,7 @@ class _Run:
                 )
             else:
                 to_open.append(doc)
-                if claim.done:  # --overwrite: its finished outputs stay until the new reading is whole
+                if claim.finished:  # --overwrite, or other pages: its finished outputs stay until the new reading is whole
                     self.finished_before.add(doc.doc_id)
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before

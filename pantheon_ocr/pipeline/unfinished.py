@@ -37,8 +37,9 @@ class DocState:
     saved_ok: int = 0  # of those, pages with text (the others are read again)
     outputs: tuple = ()  # written partially, so far
     save_error: str = ""  # why its last partial write failed
-    # Its outputs are a finished reading (--overwrite reads it again): a stop or a kill leaves them
-    # as they are rather than put a part of the new reading in their place.
+    # Its outputs are a finished reading (--overwrite reads it again, or another page selection
+    # replaces it): a stop or a kill leaves them as they are rather than put a part of the new
+    # reading in their place.
     keeps_earlier: bool = False
 
 
@@ -47,7 +48,8 @@ def save_unfinished(state: DocState, opts: PipelineOptions, source: Source | Non
     others marked NOT_READ. Left as it is on disk when nothing new was read since its last
     write, nothing was read at all, it changed meanwhile, the caller writes (archive jobs
     record every page in their state), the outputs are a scratch folder (keep_unfinished), they
-    are a finished earlier reading that --overwrite replaces only once whole (keeps_earlier), or
+    are a finished earlier reading that this run replaces only once whole (keeps_earlier: --overwrite,
+    another page selection), or
     none of them can be read back (txt alone records no page: the next run reads it all). A
     page with image regions counts as not read: its crops are made as the document is
     finished, and a stopped run does not wait for them. No page files: the next run needs

@@ -724,10 +724,12 @@ def test_an_unfinished_document_is_not_kept_in_a_scratch_folder_and_said_so_when
                                      f"{25 - summary.pages_done} unless it overwrites again")
 
 
-def test_a_stopped_overwrite_keeps_the_finished_reading_it_was_replacing(tmp_path):
+@pytest.mark.parametrize("how", ["overwrite", "pages"])
+def test_a_stopped_run_keeps_the_finished_reading_it_was_replacing(tmp_path, how):
     """--overwrite over a document whose outputs were a finished reading, stopped (or killed after
     a checkpoint), put the part read so far in their place: 8 pages of 20 and the rest "not read",
-    the whole earlier text gone. The finished outputs now stay until the new reading is whole."""
+    the whole earlier text gone. So did a run over other pages (--pages 2-25 over a whole
+    reading). The finished outputs now stay until the new reading is whole."""
     second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
     run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path, formats=("md", "jsonl")))
     md, jsonl = tmp_path / "out" / "second.md", tmp_path / "out" / "second.jsonl"
@@ -739,16 +741,18 @@ def test_a_stopped_overwrite_keeps_the_finished_reading_it_was_replacing(tmp_pat
             fired.append(n)
             os.kill(os.getpid(), signal.SIGINT)
 
+    again = dict(overwrite=True) if how == "overwrite" else dict(pages="2-25")
     summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 4),
-                           options(tmp_path, overwrite=True, formats=("md", "jsonl")))
+                           options(tmp_path, formats=("md", "jsonl"), **again))
     (outcome,) = summary.documents
-    assert summary.interrupted and outcome.status == "interrupted" and 0 < summary.pages_done < 25
+    assert summary.interrupted and outcome.status == "interrupted" and 0 < summary.pages_done < 24
     assert outcome.note == "stopped before it was complete: its earlier outputs, a finished reading, are kept as they were"
     assert (md.read_bytes(), jsonl.read_bytes()) == before and no_temp_files(tmp_path / "out")
     # finished, the new reading replaces it
-    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 4), options(tmp_path, overwrite=True,
-                                                                                         formats=("md", "jsonl")))
-    assert md_body(md) == md_expected([(2, p) for p in range(1, 26)], n_tokens=4)
+    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 4), options(tmp_path, formats=("md", "jsonl"),
+                                                                                         **again))
+    first = 1 if how == "overwrite" else 2
+    assert md_body(md) == md_expected([(2, p) for p in range(first, 26)], n_tokens=4)
 
 
 def test_a_write_that_fails_names_the_output_not_only_the_input(tmp_path):

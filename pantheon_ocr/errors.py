@@ -143,12 +143,21 @@ class InputError(PantheonError):
 
     exit_code = ExitCode.INPUT_UNREADABLE
 
-    def __init__(self, path: object, problem: str, page: int | None = None):
+    def __init__(self, path: object, problem: str, page: int | None = None, option: str | None = None):
         self.path = str(path)
         self.page = page
         self.problem = problem
+        # the setting that would let it be read (`password`), named as the options table does:
+        # the CLI says its flag, an archive job its key (with_setting)
+        self.option = option
         where = path_text(self.path) + ("" if page is None else f" page {page}")
-        super().__init__(f"{where}: {problem}")
+        super().__init__(f"{where}: {with_setting(problem, option)}")
+
+
+def with_setting(problem: str, option: str | None, name: str | None = None) -> str:
+    """`problem`, and the setting that would mend it: as `name` says it (a flag, a job-file key)
+    or, without one, as the options table does ("the password setting")."""
+    return problem if option is None else f"{problem} ({name or f'the {option} setting'})"
 
 
 class JobError(PantheonError):

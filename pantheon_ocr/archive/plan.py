@@ -12,7 +12,7 @@ import re
 import threading
 from pathlib import Path
 
-from ..errors import InputError, path_record, path_text
+from ..errors import InputError, path_record, path_text, with_setting
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
 from ..pipeline.naming import OutputPaths, plan_output_paths
@@ -21,7 +21,7 @@ from ..pipeline.render import open_pages
 from ..pipeline.types import FORMATS, PipelineOptions
 from .owner import own_name, remove_own_outputs
 from .report import RunLog
-from .spec import JobSpec
+from .spec import JobSpec, key_of
 from .state import JobState
 from .wording import NO_SELECTED_PAGE, UNREADABLE
 
@@ -125,6 +125,9 @@ class Planner:
                         self.log.notes.append(f"{path_text(doc.path)}: {outcome.value.note}")
                     continue
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
+                if isinstance(outcome.error, InputError):  # "(ocr.password in the job file)", say
+                    option = outcome.error.option
+                    reason = with_setting(reason, option, option and f"{key_of(option)} in the job file")
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)
                 self.log.fail(str(doc.path), None, reason)
                 self.log.document(UNREADABLE, doc.path)

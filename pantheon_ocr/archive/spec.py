@@ -298,7 +298,7 @@ def parse_job(data: dict, path: Path) -> JobSpec:
         engine = EngineOptions(model["text"], model["mmproj"], **settings)
         pipeline = PipelineOptions(out_dir=output, overwrite=True, sampling=SamplingOptions(**sampling), **ocr)
     except OptionError as e:  # a combination the checks of single keys cannot see
-        raise JobError(f"{where}: {e.named(e.option and _key_of(e.option))}") from None
+        raise JobError(f"{where}: {e.named(e.option and key_of(e.option))}") from None
     except UsageError as e:
         raise JobError(f"{where}: {e}") from None
     return JobSpec(
@@ -317,7 +317,7 @@ def parse_job(data: dict, path: Path) -> JobSpec:
     )
 
 
-def _key_of(option: str) -> str:
+def key_of(option: str) -> str:
     """The job-file key of a setting the library names (OptionError.option)."""
     for section, keys in SCHEMA.items():
         if option in keys:

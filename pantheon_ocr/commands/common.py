@@ -12,6 +12,7 @@ import click
 from ..archive.wording import count, count_by
 from ..archive.signals import STOP_SIGNALS
 from ..errors import path_text
+from .options import flag_name
 
 
 # A stop signal this soon after the first is a reflex (Ctrl-C pressed twice) or a supervisor's
@@ -128,7 +129,8 @@ def summary_lines(summary, to_stdout: bool = False, quiet: bool = False) -> list
         parts = [" and ".join(failed) + " failed"] if failed else []
         parts += [count(len(summary.unreadable), "input path") + " unreadable"] if summary.unreadable else []
         lines.append(", ".join(parts) + ":")  # "2 pages and 1 document failed, 1 input path unreadable:"
-        lines += [f"  {f}" for f in list(summary.unreadable) + doc_failures + page_failures]
+        lines += [f"  {e}" for e in summary.unreadable]
+        lines += [f"  {f.said(flag_name)}" for f in doc_failures + page_failures]  # "(--password)", say
     if summary.pages_cut:  # written, and marked in the Markdown, but a page cut short is easy to miss
         lines.append(f"note: {count(summary.pages_cut, 'page')} stopped at --max-tokens: "
                      f"{'its' if summary.pages_cut == 1 else 'their'} text is cut short (marked stopped at "

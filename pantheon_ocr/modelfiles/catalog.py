@@ -137,8 +137,8 @@ def _choose_text(texts: list[str], ref: ModelRef, where: str) -> str:
         if len(hits) == 1:
             return hits[0]
         if hits:
-            raise ModelError(where, f"holds several {ref.quant} text GGUFs ({_show(hits)}): pull the repo's files by path "
-                                    "and name them with --model/--mmproj")
+            raise ModelError(where, f"holds several {ref.quant} text GGUFs ({_show(hits)}): pull the one you want by its path "
+                                    "and name the text and mmproj files themselves")
         have = sorted({q for q in quants.values() if q})
         raise ModelError(where, f"has no {ref.quant} text GGUF (quantizations here: {', '.join(have) or 'none stated'})")
     for q in ref.preferred:

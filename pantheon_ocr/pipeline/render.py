@@ -205,7 +205,8 @@ def _cached_pdf(doc: Document, password: str | None):
     try:
         pdf = _open_pdf(pdfium, doc.path, password)
     except pdfium.PdfiumError as e:
-        raise InputError(doc.path, _pdf_problem(doc.path, e.err_code, password)) from None
+        problem = _pdf_problem(doc.path, e.err_code, password)
+        raise InputError(doc.path, problem, option="password" if problem in PASSWORD_PROBLEMS else None) from None
     except OSError as e:
         raise InputError(doc.path, f"cannot read file: {e.strerror or e}") from None
     if len(pdf) == 0:
@@ -234,6 +235,10 @@ def _open_pdf(pdfium, path: Path, password: str | None):
             raise e from None  # the given password's failure is the one to say
 
 
+# An encrypted PDF opened without its password, or with a wrong one: the password setting mends it
+PASSWORD_PROBLEMS = ("the PDF is encrypted: a password is needed", "wrong password for this encrypted PDF")
+
+
 def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
     """Turn a PDFium load failure into a clear problem text. The error code can be stale (a
     zero-page PDF fails without setting one), so look at the bytes before trusting it."""
@@ -250,9 +255,7 @@ def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
         return "not a PDF file (no %PDF header)"
     encrypted = b"/Encrypt" in head or b"/Encrypt" in tail
     if encrypted and err_code == _FPDF_ERR_PASSWORD:
-        if password is None:
-            return "the PDF is encrypted: a password is needed (--password)"
-        return "wrong password for this encrypted PDF"
+        return PASSWORD_PROBLEMS[password is not None]
     if encrypted and err_code == _FPDF_ERR_SECURITY:
         return "the PDF uses an unsupported encryption (security handler)"
     if re.search(rb"/Count\s+0\b", head + tail) and not re.search(rb"/Type\s*/Page\b(?!s)", head + tail):

@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+from ..errors import InputError
 from .files import PlantedPath, changed_since, file_stamp
 from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
@@ -232,7 +233,9 @@ class _Run:
             doc = to_open[outcome.index]
             if outcome.error is not None:
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
-                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, reason),))
+                option = outcome.error.option if isinstance(outcome.error, InputError) else None
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(
+                    PageFailure(str(doc.path), None, reason, option=option),))
                 continue
             n_pages, opened_note = outcome.value.n, outcome.value.note
             pages = parse_pages(opts.pages, n_pages, clip=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
 from ..engine.models.reader import ReadingHints
-from ..errors import ExitCode, path_text, run_exit_code
+from ..errors import ExitCode, path_text, run_exit_code, with_setting
 from ..options import FORMATS, MAX_LONGEST_EDGE, SEGMENT_MODES, PipelineOptions, SamplingOptions
 from .inputs import Document
 
@@ -136,9 +136,17 @@ class PageFailure:
     page: int | None  # 1-based; None = the whole document (cannot be opened, cannot be written)
     reason: str
     short_of_memory: bool = False  # PageResult.short_of_memory
+    option: str | None = None  # the setting that would mend it (InputError.option), named by said()
 
     def __str__(self) -> str:
-        return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: {self.reason}"
+        return self.said()
+
+    def said(self, name_of: Callable[[str], str] | None = None) -> str:
+        """`path page N: reason`, with the setting that would mend it as `name_of` names it (the
+        CLI: its flag) or as the options table does."""
+        name = name_of(self.option) if name_of is not None and self.option is not None else None
+        return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: " \
+               f"{with_setting(self.reason, self.option, name)}"
 
 
 # The note of a document none of whose selected pages exists: it was readable, so the run's exit

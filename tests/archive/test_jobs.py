@@ -150,7 +150,7 @@ def test_corrupt_inputs_are_isolated(tmp_path):
     check_outputs(tmp_path / "out", {"a.md": (1, 2), "z.md": (2, 2)})
     reasons = {Path(f["path"]).name: f["reason"] for f in result.summary["failures"]}
     assert reasons == {"corrupt.pdf": "the PDF is damaged or truncated and cannot be opened",
-                       "encrypted.pdf": "the PDF is encrypted: a password is needed (--password)",
+                       "encrypted.pdf": "the PDF is encrypted: a password is needed (ocr.password in the job file)",
                        "zero-pages.pdf": "the PDF has no pages"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.md", "z.md"]
     # next night: unreadable and unchanged is not tried again (and is no failure of that run)

@@ -18,6 +18,7 @@ from PIL import Image
 
 from fake_engine import (SAMPLES, CrashingRender, FakeEngine, expected_text, make_samples_module, marked_pdf, md_body,
                          vm_rss_kb)
+from pantheon_ocr.commands.options import flag_name
 from pantheon_ocr.errors import ExitCode, UsageError
 from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.engine.sampling import SamplingOptions
@@ -108,12 +109,16 @@ def test_corrupt_encrypted_and_empty_pdfs_among_good_ones(tmp_path):
     status = {d.doc.path.name: d.status for d in summary.documents}
     assert status == {"good1.pdf": "written", "corrupt.pdf": "failed", "encrypted.pdf": "failed",
                       "zero-pages.pdf": "failed", "good2.pdf": "written"}
-    reasons = {Path(f.path).name: (f.page, f.reason) for f in summary.failed_pages}
+    reasons = {Path(f.path).name: (f.page, f.reason, f.option) for f in summary.failed_pages}
     assert reasons == {
-        "corrupt.pdf": (None, "the PDF is damaged or truncated and cannot be opened"),
-        "encrypted.pdf": (None, "the PDF is encrypted: a password is needed (--password)"),
-        "zero-pages.pdf": (None, "the PDF has no pages"),
+        "corrupt.pdf": (None, "the PDF is damaged or truncated and cannot be opened", None),
+        "encrypted.pdf": (None, "the PDF is encrypted: a password is needed", "password"),
+        "zero-pages.pdf": (None, "the PDF has no pages", None),
     }
+    # the library names the setting as the options table does; the command line says its flag
+    (encrypted,) = [f for f in summary.failed_pages if f.option]
+    assert str(encrypted).endswith("encrypted.pdf: the PDF is encrypted: a password is needed (the password setting)")
+    assert encrypted.said(flag_name).endswith(": the PDF is encrypted: a password is needed (--password)")
     assert summary.exit_code == ExitCode.PAGES_FAILED
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good1.md", "good2.md"]
     # with the password the encrypted one is read too

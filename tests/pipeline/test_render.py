@@ -223,8 +223,9 @@ def test_render_pdf_too_narrow_page(tmp_path):
 
 def test_encrypted_pdf():
     doc = make_document(SAMPLES / "bad/encrypted.pdf")
-    with pytest.raises(InputError, match="encrypted: a password is needed"):
+    with pytest.raises(InputError, match=r"encrypted: a password is needed \(the password setting\)") as e:
         count_pages(doc)
+    assert e.value.option == "password" and e.value.problem == "the PDF is encrypted: a password is needed"
     with pytest.raises(InputError, match="wrong password"):
         render_page(doc, 0, password="nope")
     img = render_page(doc, 0, password=ms.PASSWORD)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import DocumentNote, InputError, UsageError, path_text
+from .errors import DocumentNote, InputError, UsageError, path_text, with_setting
 from .options import EngineOptions, PipelineOptions, SamplingOptions, specs
 
 __all__ = ["Page", "Reader"]
@@ -264,7 +264,7 @@ class _PageOrder:
         yield from (pending[k] for k in sorted(pending))
         for f in outcome.failures:  # the document itself could not be read or written
             if f.page is None:
-                yield Page(key, 0, "", 0, None, f.reason)
+                yield Page(key, 0, "", 0, None, with_setting(f.reason, f.option, f.option and f"{f.option}="))
 
     def rest(self) -> Iterator[Page]:
         for pending in self.waiting.values():

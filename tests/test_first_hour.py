@@ -66,6 +66,9 @@ def test_read_many_files_images_and_bad_paths(reader, tmp_path):
     assert [p.document for p in pages if p.document.startswith("image ")] == ["image 2", "image 3"]  # not a temp path
     bad = by_doc[str(tmp_path / "missing.pdf")]
     assert not bad.ok and bad.page == 0 and "no such file" in bad.error
+    # a document that needs a setting names it as the API takes it
+    (locked,) = reader.read(DOCS.parent / "bad" / "encrypted.pdf")
+    assert locked.page == 0 and locked.error == "the PDF is encrypted: a password is needed (password=)"
 
 
 def test_one_path_string_is_one_document_not_its_characters(reader, tmp_path):

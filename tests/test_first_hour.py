@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -403,6 +404,38 @@ def test_ctrl_c_twice_or_a_closed_terminal_keeps_the_pages_read(tmp_path, signal
     assert [r["page"] for r in records] == list(range(1, 61))
     read = [r for r in records if r["error"] is None]
     assert read and all(r["error"].startswith("not read") for r in records if r not in read)
+
+
+@pytest.mark.parametrize("out", ["folder", "stdout"])
+def test_a_terminal_that_hangs_up_still_exits_130_with_the_pages_read_kept(tmp_path, out):
+    """The terminal itself gone (its window closed, ssh dropped): every write to it fails with
+    EIO. With the transcript on standard output (-o -), the next page's text after the SIGHUP
+    ended the run with 73 (standard output: cannot write), not 130. Standard output and error on
+    a terminal that hung up now write nowhere; with an output folder the pages read are kept."""
+    import pty
+
+    src = tmp_path / "in"
+    src.mkdir()
+    text_pdf(src / "b.pdf", n_pages=60)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "pantheon_ocr.cli", "transcribe", str(src), "--model", str(MODEL),
+                             "-o", "-" if out == "stdout" else str(tmp_path / "out"), "--max-tokens", "8",
+                             "--batch-size", "1", "--text-layer", "ocr", "--format", "md,jsonl"],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True,
+                            preexec_fn=_signals_by_default)
+    os.close(slave)
+    seen, t0 = b"", time.perf_counter()
+    while not re.search(rb"pages [1-9]\d*/60", seen):  # its progress bar: pages are being read
+        chunk = os.read(master, 4096)
+        assert chunk, seen
+        seen += chunk
+    time.sleep(max(3.0, time.perf_counter() - t0))  # a page or more, however busy the machine
+    os.close(master)  # the terminal goes: writes to it fail from now on
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=60) == 130
+    if out == "folder":
+        records = [json.loads(r) for r in (tmp_path / "out" / "b.jsonl").read_text().splitlines()]
+        assert [r["page"] for r in records] == list(range(1, 61)) and any(r["error"] is None for r in records)
 
 
 def test_nohup_keeps_a_run_going_when_the_terminal_closes():

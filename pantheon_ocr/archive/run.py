@@ -331,13 +331,18 @@ class _JobRun:
         error = None
         if problem is None or (problem != "error" and problem not in retry_on):
             outcome = "done"
-        elif problem in retry_on and attempt < self.spec.attempts:
-            outcome = "retry"
+        elif problem in retry_on and attempt < self.spec.attempts and not result.lasting:
+            outcome = "retry"  # a page the file itself damaged (lasting) fails the same at any temperature
         else:
             outcome = "failed"
-            error = result.error if problem == "error" else (
-                "the model kept repeating itself" if problem == "repetition" else f"no end of page within max_tokens ({sampling.max_tokens})"
-            ) + f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
+            if result.lasting:
+                error = f"{result.error} (the file's own fault: not tried again)"
+            elif problem == "error":
+                error = result.error
+            else:
+                error = ("the model kept repeating itself" if problem == "repetition" else
+                         f"no end of page within max_tokens ({sampling.max_tokens})") + \
+                    f" ({attempt} attempt{'s' * (attempt > 1)}, last temperature {sampling.temperature:g})"
             if self.spec.ocr.text_layer != "ocr":  # every attempt failed: the PDF's own text, if it has some
                 result = self.fallback.apply([dataclasses.replace(result, error=error)])[0]
         now = time.time()

@@ -56,6 +56,28 @@ def rows(job: Path, sql: str, *args) -> list[tuple]:
         db.close()
 
 
+def test_a_page_damaged_in_the_file_is_not_retried(tmp_path):
+    """A page the file itself damages (a TIFF's last frame cut short) fails the same at any
+    temperature: it was read retry.attempts times in each run. It fails at its first attempt,
+    saying why; the other pages are written."""
+    from PIL import Image, ImageDraw
+
+    frames = [Image.new("L", (600, 800), 255) for _ in range(4)]
+    for i, frame in enumerate(frames):
+        ImageDraw.Draw(frame).text((50, 50), f"page {i + 1}", fill=0)
+    frames[0].save(tmp_path / "full.tif", save_all=True, append_images=frames[1:], compression="tiff_lzw")
+    data = (tmp_path / "full.tif").read_bytes()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "cut.tif").write_bytes(data[: len(data) * 9 // 10])
+    result = run(write_job(tmp_path, retry={"attempts": 3, "on": ["error"]}))
+    assert result.exit_code == ExitCode.PAGES_FAILED
+    assert result.summary["pages"]["retried"] == 0 and result.summary["retries"] == []
+    (failure,) = result.summary["failures"]
+    assert failure["page"] == 4 and failure["attempts"] == 1 and failure["reason"].endswith(
+        "(the file's own fault: not tried again)"), failure
+    assert [p for p, _, _ in md_pages((tmp_path / "out" / "cut.md").read_text())] == [1, 2, 3, 4]
+
+
 # ------------------------------------------------------------------------ job file
 
 

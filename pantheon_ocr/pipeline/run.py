@@ -211,12 +211,12 @@ class _Run:
             self.paths[doc.doc_id], self.sources[doc.doc_id] = claim.paths, source
             if claim.error is not None:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "failed", failures=(PageFailure(str(doc.path), None, claim.error),))
-            elif (planted := self._planted(claim.paths, doc)) is not None:
-                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", failures=(PageFailure(str(doc.path), None, planted),))
-            elif claim.done and not opts.overwrite:
+            elif claim.done and not opts.overwrite:  # a link among its outputs is the user's: nothing is written
                 self.outcomes[doc.doc_id] = DocumentOutcome(
                     doc, "skipped", outputs=tuple(claim.paths.documents(opts.formats)), note=OUTPUTS_EXIST
                 )
+            elif (planted := self._planted(claim.paths, doc)) is not None:
+                self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", failures=(PageFailure(str(doc.path), None, planted),))
             else:
                 to_open.append(doc)
                 if claim.finished:  # --overwrite, or other pages: its finished outputs stay until the new reading is whole

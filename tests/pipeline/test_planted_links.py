@@ -128,6 +128,19 @@ def test_a_link_where_no_output_of_this_run_goes_is_no_obstacle(tmp_path):
     untouched(target, "page-0001.md")
 
 
+def test_a_finished_document_whose_outputs_are_links_is_skipped(tmp_path):
+    """Outputs the user moved elsewhere and linked back (another disk, git-annex): a document
+    done is skipped, as before; the check before reading is for documents about to be written."""
+    write_pdf(tmp_path / "in" / "a.pdf")
+    assert transcribe(tmp_path).documents[0].status == "written"
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    os.replace(tmp_path / "out" / "a.md", moved / "a.md")
+    os.symlink(moved / "a.md", tmp_path / "out" / "a.md")
+    summary = transcribe(tmp_path)
+    assert summary.documents[0].status == "skipped" and summary.exit_code == ExitCode.OK
+
+
 def test_a_linked_output_root_is_the_users_choice(tmp_path):
     """The folder named with -o may itself be a link (to a bigger disk, say): written through."""
     write_pdf(tmp_path / "in" / "sub" / "a.pdf")

@@ -143,10 +143,15 @@ class InputError(PantheonError):
 
     exit_code = ExitCode.INPUT_UNREADABLE
 
-    def __init__(self, path: object, problem: str, page: int | None = None, option: str | None = None):
+    def __init__(self, path: object, problem: str, page: int | None = None, option: str | None = None,
+                 lasting: bool = True):
         self.path = str(path)
         self.page = page
         self.problem = problem
+        # the file's own fault (damaged data, a wrong kind of file): the same on every try. False
+        # for a read the system failed (EIO, a stale NFS handle, too many open files), which a
+        # later try may get through
+        self.lasting = lasting
         # the setting that would let it be read (`password`), named as the options table does:
         # the CLI says its flag, an archive job its key (with_setting)
         self.option = option

@@ -335,7 +335,7 @@ class _JobRun:
             outcome = "retry"  # a page the file itself damaged (lasting) fails the same at any temperature
         else:
             outcome = "failed"
-            if result.lasting:
+            if result.lasting and problem in retry_on and attempt < self.spec.attempts:
                 error = f"{result.error} (the file's own fault: not tried again)"
             elif problem == "error":
                 error = result.error

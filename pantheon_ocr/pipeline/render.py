@@ -208,7 +208,7 @@ def _cached_pdf(doc: Document, password: str | None):
         problem = _pdf_problem(doc.path, e.err_code, password)
         raise InputError(doc.path, problem, option="password" if problem in PASSWORD_PROBLEMS else None) from None
     except OSError as e:
-        raise InputError(doc.path, f"cannot read file: {e.strerror or e}") from None
+        raise InputError(doc.path, f"cannot read file: {e.strerror or e}", lasting=False) from None
     if len(pdf) == 0:
         pdf.close()
         raise InputError(doc.path, "the PDF has no pages")
@@ -297,7 +297,7 @@ def _stat_regular(doc: Document, page: int | None) -> os.stat_result:
     try:
         st = os.stat(doc.path)
     except OSError as e:
-        raise InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page) from None
+        raise InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page, lasting=False) from None
     kind = special_kind(st.st_mode)
     if kind is not None:
         raise InputError(doc.path, f"{kind}, not a regular file", page=page)
@@ -318,7 +318,8 @@ def _open_image(doc: Document, page: int | None) -> Image.Image:
         raise InputError(doc.path, "an empty file (0 bytes)" if empty else "not a readable image (unknown or damaged format)",
                          page=page) from None
     except OSError as e:
-        raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page) from None
+        # a decoder's complaint (no errno) is the data's; an errno is the system's read failing
+        raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page, lasting=e.errno is None) from None
     w, h = img.size
     if w * h > MAX_IMAGE_PIXELS:
         img.close()
@@ -414,7 +415,11 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
             rgb = to_rgb(frame)
         except InputError:
             raise
-        except (OSError, ValueError, SyntaxError, TypeError, EOFError) as e:  # truncated data, bad tiles, a broken IFD
+        except OSError as e:
+            if e.errno is None:  # PIL's decoders: truncated data, bad tiles
+                raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
+            raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page_no, lasting=False) from None
+        except (ValueError, SyntaxError, TypeError, EOFError) as e:  # a broken IFD, bad tiles
             raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
     w, h = rgb.size
     if max(w, h) > longest_edge:

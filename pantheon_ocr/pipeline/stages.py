@@ -176,7 +176,7 @@ class Stages:
             page.seconds["render"] = outcome.seconds
             if outcome.error is not None:
                 # InputError and WorkerError both say it there; the page's own damage lasts
-                self._fail(page, outcome.error.problem, lasting=isinstance(outcome.error, InputError),
+                self._fail(page, outcome.error.problem, lasting=isinstance(outcome.error, InputError) and outcome.error.lasting,
                            short_of_memory=isinstance(outcome.error, WorkerError) and outcome.error.short_of_memory)
                 continue
             self.counts["rendered"] += 1

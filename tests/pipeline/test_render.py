@@ -483,3 +483,33 @@ def test_a_file_reached_from_two_inputs_mirrors_the_outer_one_in_any_order(tmp_p
     outer, inner = str(tmp_path / "nest"), str(tmp_path / "nest" / "sub")
     assert [d.rel for d in expand_inputs([outer, inner])] == [PurePath("sub/inner.pdf")]
     assert [d.rel for d in expand_inputs([inner, outer])] == [PurePath("sub/inner.pdf")]
+
+
+def test_a_read_the_system_failed_is_not_the_files_lasting_fault(tmp_path, monkeypatch):
+    """A page whose data is damaged fails the same on every try (lasting: not read again, not
+    retried); a read the system failed (EIO on a network disk) may get through later. Both were
+    lasting, so an archive job never retried a page that hit one EIO."""
+    import errno
+
+    from PIL import ImageDraw
+
+    frames = [Image.new("L", (600, 800), 255) for _ in range(3)]
+    for i, frame in enumerate(frames):
+        ImageDraw.Draw(frame).text((50, 50), f"page {i + 1}", fill=0)
+    frames[0].save(tmp_path / "full.tif", save_all=True, append_images=frames[1:], compression="tiff_lzw")
+    data = (tmp_path / "full.tif").read_bytes()
+    (tmp_path / "cut.tif").write_bytes(data[: len(data) * 9 // 10])
+    with pytest.raises(InputError, match="damaged") as damaged:
+        render_page(make_document(tmp_path / "cut.tif"), 2)
+    assert damaged.value.lasting
+    real_open = Image.open
+
+    def failing_open(fp, *a, **kw):
+        if str(fp).endswith("full.tif"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(fp, *a, **kw)
+
+    monkeypatch.setattr(Image, "open", failing_open)
+    with pytest.raises(InputError, match="cannot read image: Input/output error") as failed:
+        render_page(make_document(tmp_path / "full.tif"), 0)
+    assert not failed.value.lasting

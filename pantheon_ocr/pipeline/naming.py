@@ -41,6 +41,7 @@ from pathlib import Path, PurePath
 from typing import Iterable, Sequence
 
 from ..errors import path_record, path_text
+from ..options import FORMATS
 from .files import open_regular, sha256_of
 from .inputs import Document, page_ranges
 
@@ -51,6 +52,7 @@ PAGE_FILE = re.compile(r"page-(\d{4,})\.md")  # OutputPaths.page_file's names, a
 PAGE_STEM = re.compile(r"page-\d{4,}", re.IGNORECASE)
 
 HEADER_PREFIX = "<!-- pantheon-ocr: "  # the first line of every Markdown output
+RECORDING = {"md", "jsonl"}  # the formats that record their source (a txt records nothing)
 IMAGES_SUFFIX = "_images"  # a document's crops folder: `<out>/<doc>_images` (figures.py)
 NAME_ROOM = len(IMAGES_SUFFIX)  # the longest suffix the writers add to a document's name
 ID_SUFFIX = 9  # bytes of "-<doc id[:8]>"
@@ -77,6 +79,11 @@ class Source:
     # The model that read its pages (PageEngine.model; None for outputs older than the field):
     # the pages kept from unfinished outputs must be this run's model's.
     model: str | None = None
+    # The formats written together with it ("md,txt"; None for outputs older than the field): a
+    # txt file carries no record, so a stale one (of a run over an earlier version, written with
+    # --format md,txt, the Markdown rewritten since with --format md alone) is told by this list.
+    formats: str | None = None
+    txt_sha256: str | None = None  # of the txt written with it: one rewritten since (a txt-only run) is no part of it
 
     def header(self) -> str:
         """`<!-- pantheon-ocr: {"source": ..., "sha256": ..., ...} -->`: JSON, with `>` escaped
@@ -87,6 +94,8 @@ class Source:
         fields |= {} if self.pages is None else {"pages": self.pages}
         fields |= {"failed": self.failed} if self.failed else {}
         fields |= {"model": self.model} if self.model else {}
+        fields |= {"formats": self.formats} if self.formats else {}
+        fields |= {"txt_sha256": self.txt_sha256} if self.txt_sha256 else {}
         return HEADER_PREFIX + json.dumps(fields, ensure_ascii=False).replace(">", "\\u003e") + " -->"
 
     def same_file(self, other: "Source | None") -> bool:
@@ -124,6 +133,11 @@ def _failed(value) -> str | None:
     return value if isinstance(value, str) and _PAGE_LIST.fullmatch(value) else None
 
 
+def _formats(value) -> str | None:
+    """Recorded formats ("md,txt"); None for none or for what is no list of formats."""
+    return value if isinstance(value, str) and value and set(value.split(",")) <= set(FORMATS) else None
+
+
 def _text(value) -> str | None:
     """A recorded text (a model's identity); None for none or for what is no text."""
     return value if isinstance(value, str) and value else None
@@ -147,6 +161,17 @@ def page_selection(spec: str | None) -> str | None:
     if merged == [[1, None]]:
         return None
     return ",".join(f"{a}-" if b is None else str(a) if a == b else f"{a}-{b}" for a, b in merged)
+
+
+def covers(earlier: str | None, wanted: str | None) -> bool:
+    """Whether outputs made with the page selection `earlier` hold every page of `wanted` (both in
+    page_selection's form: merged ranges, None for every page)."""
+    if earlier is None:
+        return True
+    if wanted is None:
+        return False
+    have = page_ranges(earlier)  # merged: a range of `wanted` inside their union is inside one of them
+    return all(any(b <= a and (y is None or (z is not None and z <= y)) for b, y in have) for a, z in page_ranges(wanted))
 
 
 def source_of(doc: Document, pages: str | None = None) -> Source:
@@ -206,6 +231,21 @@ class OutputPaths:
         return other is not None and (other.sha256, other.pages, other.failed) == \
             (recorded.sha256, recorded.pages, recorded.failed)
 
+    def written_with(self, formats: Sequence[str], recorded: Source) -> bool:
+        """Whether every one of `formats` was written with the outputs that record `recorded`,
+        the txt the very one (its sha256 as they record it). Outputs older than the record are
+        taken as they are."""
+        if recorded.formats is None:
+            return True
+        if not set(formats) <= set(recorded.formats.split(",")):
+            return False
+        if "txt" not in formats or recorded.txt_sha256 is None:
+            return True
+        try:
+            return sha256_of(self.file("txt"))[0] == recorded.txt_sha256
+        except OSError:
+            return False
+
     def _record(self, fmt: str) -> Source | None:
         try:
             if fmt == "md":
@@ -214,12 +254,14 @@ class OutputPaths:
                 rec = header_record(line)
                 if rec is not None:
                     return Source(rec["source"], rec["sha256"], rec.get("page"), rec.get("size"), rec.get("mtime_ns"),
-                                  rec.get("pages"), _failed(rec.get("failed")), _text(rec.get("model")))
+                                  rec.get("pages"), _failed(rec.get("failed")), _text(rec.get("model")),
+                                  _formats(rec.get("formats")), _text(rec.get("txt_sha256")))
             else:
                 with open_regular(self.file("jsonl")) as f:
                     rec = json.loads(f.readline(1 << 24))
                 return Source(rec["doc"], rec["doc_sha256"], None, rec.get("doc_size"), rec.get("doc_mtime_ns"),
-                              rec.get("doc_pages"), _failed(rec.get("doc_failed")), _text(rec.get("model")))
+                              rec.get("doc_pages"), _failed(rec.get("doc_failed")), _text(rec.get("model")),
+                              _formats(rec.get("doc_formats")), _text(rec.get("doc_txt_sha256")))
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return None
@@ -356,8 +398,10 @@ class Claim:
     error: str | None = None
     failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
     model_before: str | None = None  # the model its outputs record, with failed_before (Source.model)
-    # its outputs are a finished reading of this very file, of any page selection (done or not):
-    # a stopped run keeps them rather than put a part of its own reading in their place
+    # its outputs are a finished reading of this very file holding every page this run selects
+    # (done, or read again: --overwrite, a smaller selection): a stopped run keeps them rather than
+    # put a part of its own reading in their place. Outputs of fewer pages give way to the new
+    # reading's checkpoints (a run over all pages after --pages 1-3 keeps what it read).
     finished: bool = False
 
 
@@ -379,7 +423,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats, page_files) \
-                    and paths.records_agree(formats, recorded):
+                    and paths.records_agree(formats, recorded) and paths.written_with(formats, recorded):
                 claims[doc.doc_id] = Claim(paths, recorded, True, finished=True)
                 continue
             source = source_of(doc, wanted)
@@ -387,9 +431,10 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
         same = source.same_file(recorded)
-        finished = same and not recorded.failed and paths.exist(formats) and paths.records_agree(formats, recorded)
-        done = finished and same_pages and paths.exist(formats, page_files)
+        whole = same and not recorded.failed and paths.exist(RECORDING & set(formats)) and paths.records_agree(formats, recorded)
+        done = whole and same_pages and paths.exist(formats, page_files) and paths.written_with(formats, recorded)
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
-                                   model_before=recorded.model if same else None, finished=finished)
+                                   model_before=recorded.model if same else None,
+                                   finished=whole and covers(recorded.pages, wanted))
     return claims

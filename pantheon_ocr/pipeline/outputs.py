@@ -3,9 +3,10 @@
 Where the files go (and why names never depend on input order) is naming.py's job. Each output
 records its source (naming.Source: the input's path, sha256, size and mtime, and the model that
 read it): the Markdown starts with `<!-- pantheon-ocr: {"source": "/in/a.pdf", "sha256": "...",
-"size": ..., "mtime_ns": ..., "model": "..."} -->` (per-page files add "page"), every JSONL record
-carries `doc`, `doc_sha256`, `doc_size`, `doc_mtime_ns` and `model`; txt files are plain text and
-record nothing.
+"size": ..., "mtime_ns": ..., "model": "...", "formats": "md,txt", "txt_sha256": "..."} -->` (per-page
+files add "page"), every JSONL record carries `doc`, `doc_sha256`, `doc_size`, `doc_mtime_ns`, `model`,
+`doc_formats` and `doc_txt_sha256`; txt files are plain text and record nothing: the formats written
+with them, and the txt's sha256, say whether a txt beside them is theirs.
 File names are written as `errors.path_record` records them (undecodable bytes as `\\xNN`).
 
 A document's outputs are all written or none are: every file is first written to a temp file
@@ -290,14 +291,17 @@ def jsonl_record(result: PageResult, source: Source | None = None) -> dict:
     """One page. `source` is "model" (OCR) or "text-layer" (the OCR failed, `error` says why,
     and the text is the PDF's own text layer). `doc_pages`: the page selection the document's
     outputs were made with (naming.Source.pages), only when it is not every page; `doc_failed`:
-    the document's failed pages (naming.Source.failed), only when there are some."""
+    the document's failed pages (naming.Source.failed), only when there are some; `doc_formats`:
+    the formats written with it, `doc_txt_sha256` the txt's (naming.Source)."""
     return {
         "doc": source.path if source is not None else path_record(result.doc.path),
         "doc_sha256": source.sha256 if source is not None else None,
         "doc_size": source.size if source is not None else None,
         "doc_mtime_ns": source.mtime_ns if source is not None else None,
     } | ({"doc_pages": source.pages} if source is not None and source.pages is not None else {}) | (
-        {"doc_failed": source.failed} if source is not None and source.failed else {}) | {
+        {"doc_failed": source.failed} if source is not None and source.failed else {}) | (
+        {"doc_formats": source.formats} if source is not None and source.formats else {}) | (
+        {"doc_txt_sha256": source.txt_sha256} if source is not None and source.txt_sha256 else {}) | {
         "doc_id": result.doc.doc_id,
         "page": result.page,
         "text": result.text if _has_text(result) else "",
@@ -330,7 +334,9 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     symbolic link or a file planted in it where a folder of this document's goes fails the
     document with a PlantedPath (an OSError) naming it, before anything is written or removed."""
     if source is not None:  # what failed is recorded, so that the next run reads the document again
-        source = dataclasses.replace(source, failed=failed_pages(r.page for r in results if r.error is not None and not r.lasting))
+        txt = hashlib.sha256(render_txt(results).encode("utf-8")).hexdigest() if "txt" in formats else None
+        source = dataclasses.replace(source, failed=failed_pages(r.page for r in results if r.error is not None and not r.lasting),
+                                     formats=",".join(formats), txt_sha256=txt)
     files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
     n_crops = len(files)
     if page_files:

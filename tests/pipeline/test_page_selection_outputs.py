@@ -121,7 +121,7 @@ def test_a_selection_after_a_whole_run_replaces_it(tmp_path):
     docs = three_pages(tmp_path)
     out = tmp_path / "out"
     assert run(docs, tmp_path) == ("written", 3)
-    assert set(header(out / "a.md")) == {"source", "sha256", "size", "mtime_ns", "model"}  # no "pages", as before the field
+    assert set(header(out / "a.md")) == {"source", "sha256", "size", "mtime_ns", "model", "formats"}  # no "pages", as before the field
     assert run(docs, tmp_path, pages="all") == ("skipped", 0)
     assert run(docs, tmp_path, pages="1-") == ("skipped", 0)
     # the page count is not known when deciding: "1-3" of a 3-page document is read again
@@ -149,7 +149,8 @@ def test_page_files_record_the_selection_too(tmp_path):
     assert (h["source"], h["page"], h["pages"]) == (str(docs[0].path), 2, "2")
     assert run(docs, tmp_path, page_files=True) == ("written", 3)
     assert sorted(p.name for p in folder.iterdir()) == ["page-0001.md", "page-0002.md", "page-0003.md"]
-    assert [set(header(p)) - {"source", "sha256", "size", "mtime_ns", "model"} for p in sorted(folder.iterdir())] == [{"page"}] * 3
+    assert [set(header(p)) - {"source", "sha256", "size", "mtime_ns", "model", "formats"} for p in sorted(folder.iterdir())] \
+        == [{"page"}] * 3
 
 
 def test_txt_alone_records_nothing_so_it_is_always_written_again(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -24,6 +25,7 @@ from pantheon_ocr.pipeline.run import run_pipeline
 from pantheon_ocr.engine.sampling import SamplingOptions
 from pantheon_ocr.pipeline.types import NOT_READ, PageEngine, PipelineOptions, Seq
 from pantheon_ocr.pipeline.inputs import expand_inputs
+from pantheon_ocr.pipeline.naming import header_record
 
 ms = make_samples_module()
 
@@ -59,6 +61,11 @@ def test_fake_engine_implements_the_protocol():
     assert isinstance(engine, PageEngine)
     seq = engine.prefill(engine.vision(Image.new("RGB", (100, 100), "white")), SamplingOptions())
     assert isinstance(seq, Seq)
+
+
+def md_header(path: Path) -> dict:
+    """The record a Markdown output's first line holds."""
+    return header_record(path.read_text().splitlines()[0])
 
 
 def test_outputs_in_page_order_with_continuous_batching(tmp_path):
@@ -247,16 +254,19 @@ def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
         assert engine.prefills == [(1, 2)] and again.exit_code == ExitCode.OK
         assert (again.pages_done, again.pages_kept) == (1, 2)
         if "md" in formats:
-            assert (folder / "out" / "a.md").read_text() == (clean / "out" / "a.md").read_text()
+            written = md_header(folder / "out" / "a.md")
+            assert {k: v for k, v in written.items() if k != "txt_sha256"} == md_header(clean / "out" / "a.md") | {
+                "formats": ",".join(formats)}
             assert md_body(folder / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
         if "txt" in formats:
             assert (folder / "out" / "a.txt").read_text().split("\f") == [expected_text(1, p) + "\n" for p in (1, 2, 3)]
+            assert written["txt_sha256"] == hashlib.sha256((folder / "out" / "a.txt").read_bytes()).hexdigest()
         if "jsonl" in formats:
             records = [json.loads(r) for r in (folder / "out" / "a.jsonl").read_text().splitlines()]
             fresh = [json.loads(r) for r in (clean / "out" / "a.jsonl").read_text().splitlines()]
             assert records[0] == {k: v for k, v in before.items() if k != "doc_failed"}  # its tokens and seconds too
-            assert [{k: v for k, v in r.items() if k != "seconds"} for r in records] == \
-                   [{k: v for k, v in r.items() if k != "seconds"} for r in fresh]
+            assert [{k: v for k, v in r.items() if k not in ("seconds", "doc_formats", "doc_txt_sha256")} for r in records] == \
+                   [{k: v for k, v in r.items() if k not in ("seconds", "doc_formats", "doc_txt_sha256")} for r in fresh]
             assert all(r["error"] is None and "doc_failed" not in r for r in records)
         engine = FakeEngine()
         third = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
@@ -403,6 +413,34 @@ def test_a_page_damaged_in_the_file_is_not_read_again_and_again(tmp_path):
     engine = FakeEngine()
     again = run_pipeline(expand_inputs([str(tmp_path / "in")]), engine, options(tmp_path))
     assert again.documents[0].status == "skipped" and engine.prefills == []
+
+
+def test_a_stale_txt_beside_a_markdown_of_a_later_version_is_not_taken_as_done(tmp_path):
+    """A txt file records nothing. Read with --format md,txt, changed, read again with --format md:
+    the txt of the old version stayed, and a run with --format md,txt took it as done (the
+    Markdown's record matched). The Markdown and JSONL now record the formats written with them."""
+    src = tmp_path / "in" / "a.pdf"
+    src.parent.mkdir()
+    src.write_bytes(marked_pdf(2, 1))
+    run_pipeline(expand_inputs([str(src)]), FakeEngine(), options(tmp_path, formats=("md", "txt")))
+    assert md_header(tmp_path / "out" / "a.md")["formats"] == "md,txt"
+    src.write_bytes(marked_pdf(3, 2))  # a new version
+    run_pipeline(expand_inputs([str(src)]), FakeEngine(), options(tmp_path, formats=("md",)))
+    assert md_header(tmp_path / "out" / "a.md")["formats"] == "md"
+    engine = FakeEngine()
+    summary = run_pipeline(expand_inputs([str(src)]), engine, options(tmp_path, formats=("md", "txt")))
+    assert summary.documents[0].status == "written" and summary.pages_done == 3
+    assert (tmp_path / "out" / "a.txt").read_text().split("\f") == [expected_text(2, p) + "\n" for p in (1, 2, 3)]
+    # written together, the next run skips them; a run asking for fewer formats than were written too
+    for formats in (("md", "txt"), ("md",), ("txt", "md")):
+        again = run_pipeline(expand_inputs([str(src)]), FakeEngine(), options(tmp_path, formats=formats))
+        assert again.documents[0].status == "skipped", formats
+    # a txt-only run (which records nothing) rewrote the txt: the Markdown no longer vouches for it
+    run_pipeline(expand_inputs([str(src)]), FakeEngine(), options(tmp_path, formats=("txt",), pages="1"))
+    assert (tmp_path / "out" / "a.txt").read_text().count("\f") == 0
+    again = run_pipeline(expand_inputs([str(src)]), FakeEngine(), options(tmp_path, formats=("md", "txt")))
+    assert again.documents[0].status == "written"
+    assert (tmp_path / "out" / "a.txt").read_text().split("\f") == [expected_text(2, p) + "\n" for p in (1, 2, 3)]
 
 
 def test_the_same_file_by_another_path_is_not_read_twice(tmp_path):
@@ -758,6 +796,30 @@ def test_a_stopped_run_keeps_the_finished_reading_it_was_replacing(tmp_path, how
                                                                                          **again))
     first = 1 if how == "overwrite" else 2
     assert md_body(md) == md_expected([(2, p) for p in range(first, 26)], n_tokens=4)
+
+
+def test_a_stopped_run_over_more_pages_than_a_finished_reading_keeps_what_it_read(tmp_path):
+    """A finished reading of fewer pages (--pages 1-3) does not hold the new selection: a run over
+    all pages, stopped, writes the pages it read in their place (the next run reads only the
+    rest) rather than throw its reading away to keep three pages."""
+    second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path, pages="1-3"))
+    fired = []
+
+    def on_step(n):
+        if n == 20 and not fired:
+            fired.append(n)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 4),
+                           options(tmp_path))
+    (outcome,) = summary.documents
+    assert summary.interrupted and 0 < summary.pages_done < 25
+    assert f"{summary.pages_done} of 25 pages written" in outcome.note, outcome.note
+    engine = FakeEngine(n_tokens=lambda f: 4)
+    run_pipeline(expand_inputs([str(second)]), engine, options(tmp_path))
+    assert len(engine.prefills) == 25 - summary.pages_done
+    assert md_body(tmp_path / "out" / "second.md") == md_expected([(2, p) for p in range(1, 26)], n_tokens=4)
 
 
 def test_a_write_that_fails_names_the_output_not_only_the_input(tmp_path):

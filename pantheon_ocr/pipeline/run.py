@@ -160,16 +160,21 @@ class _Run:
             if doc.doc_id not in self.outcomes:
                 state = self.states.get(doc.doc_id)
                 note = "stopped before it was complete"
+                outputs = state.outputs if state else ()
                 if state is not None and state.keeps_earlier:
                     note += ": its earlier outputs, a finished reading, are kept as they were"
                 elif state is not None and state.outputs:
                     left = state.expected - state.saved_ok
                     note += (f": {state.saved_ok} of {state.expected} pages written, the next run reads the other "
                              f"{left}" + (" unless it overwrites again" if self.options.overwrite else ""))
+                elif state is not None and state.kept:  # stopped before a new page: its outputs hold those of last time
+                    outputs = tuple(p for p in state.paths.documents(self.options.formats) if p.is_file())
+                    note += (f": {state.kept} of {state.expected} pages kept from its outputs, the next run reads the "
+                             f"other {state.expected - state.kept}")
                 if state is not None and state.save_error:
                     note += f"; its pages read could not be written: {state.save_error}"
                 self.outcomes[doc.doc_id] = DocumentOutcome(
-                    doc, "interrupted", state.outputs if state else (), n_pages=state.expected if state else 0, note=note
+                    doc, "interrupted", outputs, n_pages=state.expected if state else 0, note=note
                 )
         return RunSummary(
             documents=tuple(self.outcomes[d.doc_id] for d in self.documents),

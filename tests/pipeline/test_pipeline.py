@@ -822,6 +822,38 @@ def test_a_stopped_run_over_more_pages_than_a_finished_reading_keeps_what_it_rea
     assert md_body(tmp_path / "out" / "second.md") == md_expected([(2, p) for p in range(1, 26)], n_tokens=4)
 
 
+def test_a_resumed_run_stopped_before_a_new_page_says_its_outputs_hold_the_pages_of_last_time(tmp_path):
+    """Stopped before any new page, a resumed document wrote nothing new (nothing to add), and the
+    summary said "the rest was not written" of pages still on disk. It now says how many pages its
+    outputs keep and what the next run reads."""
+    from pantheon_ocr.commands.common import summary_lines
+
+    second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
+
+    def stop_at(step):
+        fired = []
+
+        def on_step(n):
+            if n == step and not fired:
+                fired.append(n)
+                os.kill(os.getpid(), signal.SIGINT)
+        return on_step
+
+    first = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=stop_at(20), n_tokens=lambda f: 4),
+                         options(tmp_path))
+    assert first.interrupted and 0 < first.pages_done < 25
+    summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=stop_at(1), n_tokens=lambda f: 4),
+                           options(tmp_path))
+    (outcome,) = summary.documents
+    assert summary.interrupted and summary.pages_done == 0
+    assert outcome.note.endswith(f"{first.pages_done} of 25 pages kept from its outputs, the next run reads the other "
+                                 f"{25 - first.pages_done}"), outcome.note
+    assert outcome.outputs == (tmp_path / "out" / "second.md",)
+    said = summary_lines(summary)
+    assert any("unfinished ones hold the pages read so far, and the next run reads only the rest" in line for line in said)
+    assert not any("the rest was not written" in line for line in said), said
+
+
 def test_a_write_that_fails_names_the_output_not_only_the_input(tmp_path):
     """'a.pdf: cannot write the output: Is a directory' did not say which of its outputs."""
     a = write_pdf(tmp_path / "in", "a.pdf", 1, doc_no=1)

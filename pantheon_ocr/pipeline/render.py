@@ -205,8 +205,9 @@ def _cached_pdf(doc: Document, password: str | None):
     try:
         pdf = _open_pdf(pdfium, doc.path, password)
     except pdfium.PdfiumError as e:
-        problem = _pdf_problem(doc.path, e.err_code, password)
-        raise InputError(doc.path, problem, option="password" if problem in PASSWORD_PROBLEMS else None) from None
+        problem, lasting = _pdf_problem(doc.path, e.err_code, password)
+        raise InputError(doc.path, problem, option="password" if problem in PASSWORD_PROBLEMS else None,
+                         lasting=lasting) from None
     except OSError as e:
         raise InputError(doc.path, f"cannot read file: {e.strerror or e}", lasting=False) from None
     if len(pdf) == 0:
@@ -239,16 +240,22 @@ def _open_pdf(pdfium, path: Path, password: str | None):
 PASSWORD_PROBLEMS = ("the PDF is encrypted: a password is needed", "wrong password for this encrypted PDF")
 
 
-def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> str:
-    """Turn a PDFium load failure into a clear problem text. The error code can be stale (a
-    zero-page PDF fails without setting one), so look at the bytes before trusting it."""
+def _pdf_problem(path: Path, err_code: int | None, password: str | None) -> tuple[str, bool]:
+    """Turn a PDFium load failure into a clear problem text, and whether it is the file's own
+    (InputError.lasting). The error code can be stale (a zero-page PDF fails without setting
+    one), so look at the bytes before trusting it. PDFium reads the file itself: a read the
+    system failed (EIO) reaches us as its load failure, told apart by reading the bytes here."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 20)
             f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 20)))
             tail = f.read()
     except OSError as e:
-        return f"cannot read file: {e.strerror or e}"
+        return f"cannot read file: {e.strerror or e}", False
+    return _pdf_bytes_problem(head, tail, err_code, password), True
+
+
+def _pdf_bytes_problem(head: bytes, tail: bytes, err_code: int | None, password: str | None) -> str:
     if not head:
         return "an empty file (0 bytes)"
     if b"%PDF-" not in head[:1024]:

@@ -513,3 +513,14 @@ def test_a_read_the_system_failed_is_not_the_files_lasting_fault(tmp_path, monke
     with pytest.raises(InputError, match="cannot read image: Input/output error") as failed:
         render_page(make_document(tmp_path / "full.tif"), 0)
     assert not failed.value.lasting
+
+
+def test_a_pdf_that_pdfium_cannot_load_is_the_files_fault_only_when_its_bytes_say_so(tmp_path):
+    """PDFium reads the file itself, so a read the system failed reaches us as a load failure:
+    the bytes read here tell a damaged PDF (lasting) from a read that failed (not lasting)."""
+    from pantheon_ocr.pipeline import render
+
+    assert render._pdf_problem(SAMPLES / "bad" / "corrupt.pdf", None, None) == (
+        "the PDF is damaged or truncated and cannot be opened", True)
+    problem, lasting = render._pdf_problem(tmp_path / "gone.pdf", None, None)
+    assert problem.startswith("cannot read file: ") and not lasting

@@ -119,6 +119,7 @@ def same_input(recorded: str, path: str) -> bool:
         return False
 
 
+_SELECTION = re.compile(r"[1-9]\d{0,8}(-([1-9]\d{0,8})?)?(,[1-9]\d{0,8}(-([1-9]\d{0,8})?)?)*")  # page_selection's form
 _PAGE_LIST = re.compile(r"[1-9]\d{0,8}(-[1-9]\d{0,8})?(,[1-9]\d{0,8}(-[1-9]\d{0,8})?)*")
 
 
@@ -165,10 +166,11 @@ def page_selection(spec: str | None) -> str | None:
 
 def covers(earlier: str | None, wanted: str | None) -> bool:
     """Whether outputs made with the page selection `earlier` hold every page of `wanted` (both in
-    page_selection's form: merged ranges, None for every page)."""
+    page_selection's form: merged ranges, None for every page; a recorded selection that is no
+    such thing holds nothing)."""
     if earlier is None:
         return True
-    if wanted is None:
+    if wanted is None or not isinstance(earlier, str) or not _SELECTION.fullmatch(earlier):
         return False
     have = page_ranges(earlier)  # merged: a range of `wanted` inside their union is inside one of them
     return all(any(b <= a and (y is None or (z is not None and z <= y)) for b, y in have) for a, z in page_ranges(wanted))
@@ -398,10 +400,11 @@ class Claim:
     error: str | None = None
     failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
     model_before: str | None = None  # the model its outputs record, with failed_before (Source.model)
-    # its outputs are a finished reading of this very file holding every page this run selects
-    # (done, or read again: --overwrite, a smaller selection): a stopped run keeps them rather than
-    # put a part of its own reading in their place. Outputs of fewer pages give way to the new
-    # reading's checkpoints (a run over all pages after --pages 1-3 keeps what it read).
+    # its outputs are a finished reading of this very file, of another page selection that holds
+    # every page this run selects: a stopped run keeps them (as it keeps a done document's under
+    # --overwrite) rather than put a part of its own reading in their place. Outputs of fewer
+    # pages give way to the new reading's checkpoints (a run over all pages after --pages 1-3
+    # keeps what it read), and so do outputs read again for a missing txt or page files.
     finished: bool = False
 
 
@@ -436,5 +439,5 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
                                    model_before=recorded.model if same else None,
-                                   finished=whole and covers(recorded.pages, wanted))
+                                   finished=whole and recorded.pages != wanted and covers(recorded.pages, wanted))
     return claims

@@ -167,7 +167,7 @@ class _Run:
                     left = state.expected - state.saved_ok
                     note += (f": {state.saved_ok} of {state.expected} pages written, the next run reads the other "
                              f"{left}" + (" unless it overwrites again" if self.options.overwrite else ""))
-                elif state is not None and state.kept:  # stopped before a new page: its outputs hold those of last time
+                elif state is not None and state.kept and not state.changed:  # stopped before a new page: its outputs hold those of last time
                     outputs = tuple(p for p in state.paths.documents(self.options.formats) if p.is_file())
                     note += (f": {state.kept} of {state.expected} pages kept from its outputs, the next run reads the "
                              f"other {state.expected - state.kept}")
@@ -224,7 +224,7 @@ class _Run:
                 self.outcomes[doc.doc_id] = DocumentOutcome(doc, "unwritten", failures=(PageFailure(str(doc.path), None, planted),))
             else:
                 to_open.append(doc)
-                if claim.finished:  # --overwrite, or other pages: its finished outputs stay until the new reading is whole
+                if claim.done or claim.finished:  # --overwrite, or other pages: its finished outputs stay till the new reading is whole
                     self.finished_before.add(doc.doc_id)
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before

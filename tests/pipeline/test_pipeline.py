@@ -798,12 +798,15 @@ def test_a_stopped_run_keeps_the_finished_reading_it_was_replacing(tmp_path, how
     assert md_body(md) == md_expected([(2, p) for p in range(first, 26)], n_tokens=4)
 
 
-def test_a_stopped_run_over_more_pages_than_a_finished_reading_keeps_what_it_read(tmp_path):
+@pytest.mark.parametrize("before", ["fewer pages", "no txt"])
+def test_a_stopped_run_over_more_pages_than_a_finished_reading_keeps_what_it_read(tmp_path, before):
     """A finished reading of fewer pages (--pages 1-3) does not hold the new selection: a run over
     all pages, stopped, writes the pages it read in their place (the next run reads only the
-    rest) rather than throw its reading away to keep three pages."""
+    rest) rather than throw its reading away to keep three pages. So does a run that reads a
+    document again because the txt asked for now is not there."""
     second = write_pdf(tmp_path / "in", "second.pdf", 25, doc_no=2)
-    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path, pages="1-3"))
+    first = dict(pages="1-3") if before == "fewer pages" else dict(formats=("md",))
+    run_pipeline(expand_inputs([str(second)]), FakeEngine(n_tokens=lambda f: 5), options(tmp_path, **first))
     fired = []
 
     def on_step(n):
@@ -811,13 +814,14 @@ def test_a_stopped_run_over_more_pages_than_a_finished_reading_keeps_what_it_rea
             fired.append(n)
             os.kill(os.getpid(), signal.SIGINT)
 
+    now = dict(formats=("md", "txt")) if before == "no txt" else {}
     summary = run_pipeline(expand_inputs([str(second)]), FakeEngine(step_sleep=0.005, on_step=on_step, n_tokens=lambda f: 4),
-                           options(tmp_path))
+                           options(tmp_path, **now))
     (outcome,) = summary.documents
     assert summary.interrupted and 0 < summary.pages_done < 25
     assert f"{summary.pages_done} of 25 pages written" in outcome.note, outcome.note
     engine = FakeEngine(n_tokens=lambda f: 4)
-    run_pipeline(expand_inputs([str(second)]), engine, options(tmp_path))
+    run_pipeline(expand_inputs([str(second)]), engine, options(tmp_path, **now))
     assert len(engine.prefills) == 25 - summary.pages_done
     assert md_body(tmp_path / "out" / "second.md") == md_expected([(2, p) for p in range(1, 26)], n_tokens=4)
 

@@ -264,7 +264,7 @@ class _PageOrder:
         yield from (pending[k] for k in sorted(pending))
         for f in outcome.failures:  # the document itself could not be read or written
             if f.page is None:
-                yield Page(key, 0, "", 0, None, with_setting(f.reason, f.option, f.option and f"{f.option}="))
+                yield Page(key, 0, "", 0, None, with_setting(f.reason, f.option, lambda o: f"{o}="))
 
     def rest(self) -> Iterator[Page]:
         for pending in self.waiting.values():

@@ -6,6 +6,7 @@ import errno
 import os
 import re
 from enum import IntEnum
+from typing import Callable
 
 
 class ExitCode(IntEnum):
@@ -159,10 +160,12 @@ class InputError(PantheonError):
         super().__init__(f"{where}: {with_setting(problem, option)}")
 
 
-def with_setting(problem: str, option: str | None, name: str | None = None) -> str:
-    """`problem`, and the setting that would mend it: as `name` says it (a flag, a job-file key)
+def with_setting(problem: str, option: str | None, name_of: Callable[[str], str] | None = None) -> str:
+    """`problem`, and the setting that would mend it: as `name_of` names it (a flag, a job-file key)
     or, without one, as the options table does ("the password setting")."""
-    return problem if option is None else f"{problem} ({name or f'the {option} setting'})"
+    if option is None:
+        return problem
+    return f"{problem} ({name_of(option) if name_of is not None else f'the {option} setting'})"
 
 
 class JobError(PantheonError):

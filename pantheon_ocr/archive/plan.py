@@ -126,8 +126,7 @@ class Planner:
                     continue
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
                 if isinstance(outcome.error, InputError):  # "(ocr.password in the job file)", say
-                    option = outcome.error.option
-                    reason = with_setting(reason, option, option and f"{key_of(option)} in the job file")
+                    reason = with_setting(reason, outcome.error.option, lambda o: f"{key_of(o)} in the job file")
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)
                 self.log.fail(str(doc.path), None, reason)
                 self.log.document(UNREADABLE, doc.path)

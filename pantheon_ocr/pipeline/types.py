@@ -144,9 +144,8 @@ class PageFailure:
     def said(self, name_of: Callable[[str], str] | None = None) -> str:
         """`path page N: reason`, with the setting that would mend it as `name_of` names it (the
         CLI: its flag) or as the options table does."""
-        name = name_of(self.option) if name_of is not None and self.option is not None else None
         return f"{path_text(self.path)}{'' if self.page is None else f' page {self.page}'}: " \
-               f"{with_setting(self.reason, self.option, name)}"
+               f"{with_setting(self.reason, self.option, name_of)}"
 
 
 # The note of a document none of whose selected pages exists: it was readable, so the run's exit

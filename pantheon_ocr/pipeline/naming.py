@@ -119,8 +119,9 @@ def same_input(recorded: str, path: str) -> bool:
         return False
 
 
-_SELECTION = re.compile(r"[1-9]\d{0,8}(-([1-9]\d{0,8})?)?(,[1-9]\d{0,8}(-([1-9]\d{0,8})?)?)*")  # page_selection's form
-_PAGE_LIST = re.compile(r"[1-9]\d{0,8}(-[1-9]\d{0,8})?(,[1-9]\d{0,8}(-[1-9]\d{0,8})?)*")
+_PAGE = r"[1-9]\d{0,8}"
+_PAGE_LIST = re.compile(rf"{_PAGE}(-{_PAGE})?(,{_PAGE}(-{_PAGE})?)*")  # failed pages: closed ranges
+_SELECTION = re.compile(rf"{_PAGE}(-({_PAGE})?)?(,{_PAGE}(-({_PAGE})?)?)*")  # page_selection's form: "5-" too
 
 
 def failed_pages(pages) -> str | None:

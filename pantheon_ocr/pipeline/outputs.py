@@ -333,10 +333,11 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
     archive jobs make them, have it from the document's relative name: naming.output_root): a
     symbolic link or a file planted in it where a folder of this document's goes fails the
     document with a PlantedPath (an OSError) naming it, before anything is written or removed."""
+    # rendered first: the records beside it carry its sha256 (the txt records nothing itself)
+    txt = render_txt(results).encode("utf-8") if "txt" in formats else None
     if source is not None:  # what failed is recorded, so that the next run reads the document again
-        txt = hashlib.sha256(render_txt(results).encode("utf-8")).hexdigest() if "txt" in formats else None
         source = dataclasses.replace(source, failed=failed_pages(r.page for r in results if r.error is not None and not r.lasting),
-                                     formats=",".join(formats), txt_sha256=txt)
+                                     formats=",".join(formats), txt_sha256=None if txt is None else hashlib.sha256(txt).hexdigest())
     files: list[tuple[Path, bytes]] = figure_files(paths.base, results)
     n_crops = len(files)
     if page_files:
@@ -344,7 +345,7 @@ def write_document(paths: OutputPaths, results: Sequence[PageResult], formats: S
             head = dataclasses.replace(source, page=r.page).header() + "\n\n" if source is not None else ""
             files.append((paths.page_file(r.page), (head + _page_block(r, "../").rstrip("\n") + "\n").encode("utf-8")))
     for fmt in list(formats[1:]) + [formats[0]]:
-        files.append((paths.file(fmt), _RENDERERS[fmt](results, source).encode("utf-8")))
+        files.append((paths.file(fmt), txt if fmt == "txt" else _RENDERERS[fmt](results, source).encode("utf-8")))
     crops = images_dir(paths.base)
     with OutputTree(paths.root or output_root(paths.base, results[0].doc if results else None)) as tree:
         tree.folder(crops, create=False)  # the stale crops' folder: a link there fails the document now

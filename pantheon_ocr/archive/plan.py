@@ -125,8 +125,15 @@ class Planner:
                         self.log.notes.append(f"{path_text(doc.path)}: {outcome.value.note}")
                     continue
                 reason = outcome.error.problem  # InputError and WorkerError both say it there
+                passing = isinstance(outcome.error, InputError) and not outcome.error.lasting
                 if isinstance(outcome.error, InputError):  # "(ocr.password in the job file)", say
                     reason = with_setting(reason, outcome.error.option, lambda o: f"{key_of(o)} in the job file")
+                if passing:
+                    # a read the system failed (EIO on a network disk), not the file's own fault:
+                    # stored without the hash, so that the next run opens it again rather than
+                    # skipping it as unreadable and unchanged until someone passes --retry-failed
+                    reason += " (a failed read, not the file's fault: tried again next run)"
+                    stamp = (None, None, None)
                 self.state.set_unreadable(row_id, stamp, reason, bump=changed)
                 self.log.fail(str(doc.path), None, reason)
                 self.log.document(UNREADABLE, doc.path)

@@ -187,6 +187,43 @@ def test_corrupt_inputs_are_isolated(tmp_path):
     assert md_body(tmp_path / "out" / "encrypted.md").startswith("<!-- page 1 -->")
 
 
+def test_a_document_whose_read_failed_is_opened_again_next_night(tmp_path, monkeypatch):
+    """A document the render worker could not read (EIO on a network disk: not the file's fault)
+    failed its night and was then skipped as unreadable and unchanged every night after, until
+    someone passed --retry-failed. It is opened again the next night; a damaged one is not."""
+    import errno
+
+    from pantheon_ocr.pipeline import render, render_pool
+
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    pdf(tmp_path / "in", "b.pdf", 3, 2)
+    shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "corrupt.pdf")
+    real_open = render._open_pdf
+
+    def failing_open(pdfium, path, password):
+        if path.name == "b.pdf":
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(pdfium, path, password)
+
+    # forked workers inherit the failing open (a forkserver's would start from the real module)
+    monkeypatch.setattr(render_pool, "default_start_method", lambda: "fork")
+    monkeypatch.setattr(render, "_open_pdf", failing_open)
+    job = write_job(tmp_path)
+    result = run(job)
+    assert result.exit_code == ExitCode.PAGES_FAILED
+    reasons = {Path(f["path"]).name: f["reason"] for f in result.summary["failures"]}
+    assert reasons == {"b.pdf": "cannot read file: Input/output error (a failed read, not the file's fault: "
+                                "tried again next run)",
+                       "corrupt.pdf": "the PDF is damaged or truncated and cannot be opened"}
+    check_outputs(tmp_path / "out", {"a.md": (1, 2)})
+    monkeypatch.setattr(render, "_open_pdf", real_open)  # the disk is back
+    result = run(job)
+    assert result.summary["documents"] == {"unchanged": 1, "new": 1, "written": 1, "skipped (unreadable)": 1}
+    assert result.exit_code == ExitCode.OK
+    check_outputs(tmp_path / "out", {"a.md": (1, 2), "b.md": (2, 3)})
+    assert rows(job, "SELECT status, error FROM documents WHERE path LIKE '%b.pdf'") == [("done", None)]
+
+
 def test_only_unreadable_inputs_exit_4(tmp_path):
     (tmp_path / "in").mkdir()
     shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "corrupt.pdf")

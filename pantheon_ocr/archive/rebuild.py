@@ -122,7 +122,9 @@ def _find_outputs(base: Path, doc: Document, source: Source, options: PipelineOp
     other = base.with_name(base.name[: -len(tag)]) if base.name.endswith(tag) else base.with_name(base.name + tag)
     for candidate in (base, other):
         paths = OutputPaths(candidate)
-        if source.same_file(paths.recorded_source(options.formats)):
+        recorded = paths.recorded_source(options.formats)
+        # pages come from the JSONL: not one that another reading left beside the Markdown
+        if source.same_file(recorded) and paths.records_agree(options.formats, recorded):
             pages = read_pages(paths, options.formats, source.sha256)
             if pages:
                 return paths, pages

@@ -224,15 +224,16 @@ class OutputPaths:
 
     def records_agree(self, formats: Sequence[str], recorded: Source) -> bool:
         """Whether, with both Markdown and JSONL in `formats`, the JSONL records the file, page
-        selection and failed pages that `recorded` (recorded_source's: the Markdown's record, read
-        once there) does: a JSONL left by a run over an earlier version, or by an unfinished run,
-        beside a Markdown finished since with `--format md` is no finished output (it was kept for
-        good, and the document skipped). Without Markdown there is one record, and it agrees."""
+        selection, failed pages and model that `recorded` (recorded_source's: the Markdown's record,
+        read once there) does: a JSONL left by a run over an earlier version, or by an unfinished
+        run, beside a Markdown finished since with `--format md` is no finished output (it was kept
+        for good, and the document skipped), nor a reading to keep pages from (Claim.keeps).
+        Without Markdown there is one record, and it agrees."""
         if "md" not in formats or "jsonl" not in formats:
             return True
         other = self._record("jsonl")
-        return other is not None and (other.sha256, other.pages, other.failed) == \
-            (recorded.sha256, recorded.pages, recorded.failed)
+        return other is not None and (other.sha256, other.pages, other.failed, other.model) == \
+            (recorded.sha256, recorded.pages, recorded.failed, recorded.model)
 
     def written_with(self, formats: Sequence[str], recorded: Source) -> bool:
         """Whether every one of `formats` was written with the outputs that record `recorded`,
@@ -401,6 +402,9 @@ class Claim:
     error: str | None = None
     failed_before: str | None = None  # pages its outputs of this very file record as failed: read again, the rest kept
     model_before: str | None = None  # the model its outputs record, with failed_before (Source.model)
+    # with failed_before: the other pages can be kept, its outputs recording one reading (its JSONL,
+    # where kept pages come from, not one a later run with --format md left behind: records_agree)
+    keeps: bool = False
     # its outputs are a finished reading of this very file, of another page selection that holds
     # every page this run selects: a stopped run keeps them (as it keeps a done document's under
     # --overwrite) rather than put a part of its own reading in their place. Outputs of fewer
@@ -435,10 +439,11 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
             claims[doc.doc_id] = Claim(paths, None, False, f"cannot read file: {e.strerror or e}")
             continue
         same = source.same_file(recorded)
-        whole = same and not recorded.failed and paths.exist(RECORDING & set(formats)) and paths.records_agree(formats, recorded)
+        agree = same and paths.records_agree(formats, recorded)
+        whole = agree and not recorded.failed and paths.exist(RECORDING & set(formats))
         done = whole and same_pages and paths.exist(formats, page_files) and paths.written_with(formats, recorded)
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
-                                   model_before=recorded.model if same else None,
+                                   model_before=recorded.model if same else None, keeps=agree,
                                    finished=whole and recorded.pages != wanted and covers(recorded.pages, wanted))
     return claims

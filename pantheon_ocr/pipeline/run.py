@@ -230,7 +230,7 @@ class _Run:
                     again[doc.doc_id] = claim.failed_before
                     if claim.model_before not in (None, model):  # a document is read by one model, not two
                         other_model[doc.doc_id] = claim.model_before
-                    elif self.write_outputs:  # the pages that did not fail stay as they were written
+                    elif self.write_outputs and claim.keeps:  # the pages that did not fail stay as they were written
                         kept[doc.doc_id] = read_pages(claim.paths, opts.formats, claim.source.sha256)
         # Opening a PDF runs PDFium, so it happens in a worker too.
         counts = self.pool.imap(open_pages, [(doc, opts.password) for doc in to_open], self.stop) if to_open else ()

@@ -148,6 +148,27 @@ def test_a_lost_state_file_numbers_after_the_reports(tmp_path):
     assert run(job)[1] == 0  # and the state now knows them: a normal night
 
 
+def test_pages_are_not_recovered_from_a_jsonl_of_another_reading(tmp_path):
+    """A lost state takes the pages back from the outputs' JSONL: not from one that records
+    another reading than the Markdown beside it (left by a run with formats = ["md"] since, say,
+    of another model), whose pages came back under the Markdown's record. Such a document is
+    read again; one whose outputs agree is recovered."""
+    pdf(tmp_path / "in", "a.pdf", 3, 1)
+    pdf(tmp_path / "in", "b.pdf", 2, 2)
+    job = write_job(tmp_path, ocr={"formats": ["md", "jsonl"]})
+    assert run(job)[0].exit_code == ExitCode.OK
+    jsonl = tmp_path / "out" / "a.jsonl"
+    records = [json.loads(r) | {"model": "another.gguf + another-mmproj.gguf #1"} for r in jsonl.read_text().splitlines()]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path / 'job.sqlite'}{suffix}").unlink(missing_ok=True)
+    result, pages = run(job)
+    assert (result.exit_code, pages) == (ExitCode.OK, 3)
+    assert result.summary["documents"] == {"new": 2, "recovered": 1, "written": 1}
+    check_outputs(tmp_path / "out", {"a.md": (1, 3), "b.md": (2, 2)})
+    assert all(json.loads(r).get("model") != records[0]["model"] for r in jsonl.read_text().splitlines())
+
+
 def test_a_rebuild_stopped_half_way_is_finished_by_the_next_run(tmp_path, monkeypatch):
     """kill -9 after --rebuild-state set the damaged state aside and made the new one, before it
     took the pages back from the outputs: the next run (a plain one, from cron) takes them back,

@@ -304,6 +304,29 @@ def test_pages_are_kept_only_from_outputs_of_this_very_file(tmp_path):
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(2, 1), (2, 2), (2, 3)])
 
 
+def test_pages_are_kept_only_from_a_jsonl_that_records_the_markdowns_reading(tmp_path):
+    """Kept pages come from the JSONL, which a run with --format md leaves as it was: its pages,
+    of another reading of this very file (another model's, or with another page failed), were
+    kept under the Markdown's record, and the document came out read by two models."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 3, doc_no=1)
+    out = dict(formats=("md", "jsonl"))
+    old, new = "old.gguf + old-mmproj.gguf #1", "new.gguf + new-mmproj.gguf #2"
+    for failing in (2, 3):  # the Markdown's failed page is the JSONL's, or another
+        folder = tmp_path / str(failing)
+        run_pipeline(expand_inputs([str(a)]), FakeEngine(model=old, fail_vision=lambda f: f.page == 2), options(folder, **out))
+        run_pipeline(expand_inputs([str(a)]), FakeEngine(model=new, fail_vision=lambda f: f.page == failing),
+                     options(folder, formats=("md",), overwrite=True))
+        assert all(json.loads(r)["model"] == old for r in (folder / "out" / "a.jsonl").read_text().splitlines())
+        engine = FakeEngine(model=new)
+        again = run_pipeline(expand_inputs([str(a)]), engine, options(folder, **out))
+        assert again.documents[0].status == "written" and again.pages_kept == 0
+        assert again.documents[0].note == f"read again, all of it: page {failing} not finished last time"
+        assert sorted(engine.prefills) == [(1, 1), (1, 2), (1, 3)]
+        records = [json.loads(r) for r in (folder / "out" / "a.jsonl").read_text().splitlines()]
+        assert [r["model"] for r in records] == [new] * 3 and all(r["error"] is None for r in records)
+        assert md_body(folder / "out" / "a.md") == md_expected([(1, 1), (1, 2), (1, 3)])
+
+
 def test_pages_are_kept_only_from_outputs_of_the_same_model(tmp_path):
     """Unfinished outputs kept their pages whatever model had read them: a run with a new model
     (or the next version's bundled reader) read the rest, and the document came out read by two.

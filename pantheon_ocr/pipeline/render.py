@@ -281,7 +281,7 @@ def _render_pdf_page(doc: Document, page_index: int, longest_edge: int, password
     try:
         page = pdf[page_index]
     except pdfium.PdfiumError:
-        raise InputError(doc.path, "the page cannot be loaded (damaged page object)", page=page_no) from None
+        raise _page_failure(doc, page_no, "the page cannot be loaded (damaged page object)") from None
     try:
         width, height = page.get_size()  # points, already swapped for /Rotate 90/270
         if not (math.isfinite(width) and math.isfinite(height) and width > 0 and height > 0):
@@ -293,9 +293,25 @@ def _render_pdf_page(doc: Document, page_index: int, longest_edge: int, password
         img = bitmap.to_pil()  # RGB; PIL copies 3-byte formats, so the bitmap can be freed
         return img if img.mode == "RGB" else img.convert("RGB")
     except pdfium.PdfiumError as e:
-        raise InputError(doc.path, f"PDFium cannot render the page ({e})", page=page_no) from None
+        raise _page_failure(doc, page_no, f"PDFium cannot render the page ({e})") from None
     finally:
         page.close()
+
+
+def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
+    """A page PDFium could not load or render: the page's own damage (lasting), unless the file
+    cannot be read through now. PDFium reads the file as pages need it, so a read the system
+    failed (EIO on a network disk) reaches us as the page's failure; then it is the system's
+    (not lasting), and the open document is dropped so that the next try opens the file again.
+    Read through only here, on a failure: a whole file, once."""
+    try:
+        with open(doc.path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    except OSError as e:
+        _pdf_cache.pop("pdf", None)  # closed when its last page is (pypdfium2 closes it when collected)
+        return InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page_no, lasting=False)
+    return InputError(doc.path, problem, page=page_no)
 
 
 def _stat_regular(doc: Document, page: int | None) -> os.stat_result:

@@ -515,6 +515,46 @@ def test_a_read_the_system_failed_is_not_the_files_lasting_fault(tmp_path, monke
     assert not failed.value.lasting
 
 
+def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_lasting_fault(tmp_path, monkeypatch):
+    """PDFium reads a PDF as its pages need it, so an EIO on a network disk reached us as a page
+    that could not be loaded, counted the file's own fault for good (never read again by the next
+    transcribe, never retried by archive jobs). A page that fails while the file cannot be read
+    through is the system's; one that fails while it can is the page's."""
+    import builtins
+    import errno
+
+    import pypdfium2 as pdfium
+
+    from pantheon_ocr.pipeline import render
+
+    path = tmp_path / "a.pdf"
+    path.write_bytes((SAMPLES / "docs" / "text-1page.pdf").read_bytes())
+    doc = make_document(path)
+    render_page(doc, 0)  # opened: PDFium holds the file from now on
+
+    def no_page(self, index):
+        raise pdfium.PdfiumError("Failed to load page.")
+
+    monkeypatch.setattr(pdfium.PdfDocument, "__getitem__", no_page)
+    with pytest.raises(InputError, match="damaged page object") as damaged:
+        render_page(doc, 0)
+    assert damaged.value.lasting
+    real_open = builtins.open
+
+    def failing_open(file, *a, **kw):
+        if str(file) == str(path):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(file, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", failing_open)
+    with pytest.raises(InputError, match="page 1: cannot read file: Input/output error$") as failed:
+        render_page(doc, 0)
+    assert not failed.value.lasting and failed.value.page == 1
+    assert "pdf" not in render._pdf_cache  # the next try opens the file again
+    monkeypatch.undo()
+    assert render_page(doc, 0).size[0] > 0
+
+
 def test_a_pdf_that_pdfium_cannot_load_is_the_files_fault_only_when_its_bytes_say_so(tmp_path):
     """PDFium reads the file itself, so a read the system failed reaches us as a load failure:
     the bytes read here tell a damaged PDF (lasting) from a read that failed (not lasting)."""

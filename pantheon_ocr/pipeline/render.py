@@ -341,8 +341,7 @@ def _open_image(doc: Document, page: int | None) -> Image.Image:
         raise InputError(doc.path, "an empty file (0 bytes)" if empty else "not a readable image (unknown or damaged format)",
                          page=page) from None
     except OSError as e:
-        # a decoder's complaint (no errno) is the data's; an errno is the system's read failing
-        raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page, lasting=e.errno is None) from None
+        raise _image_read_error(doc, e, page) from None
     w, h = img.size
     if w * h > MAX_IMAGE_PIXELS:
         img.close()
@@ -408,6 +407,15 @@ def _n_frames(img: Image.Image) -> int:
             return n
 
 
+def _image_read_error(doc: Document, e: OSError, page: int | None) -> InputError:
+    """An OSError opening or decoding an image: PIL's decoders raise one without an errno for
+    damaged data (truncated, bad tiles: the file's own, lasting); with an errno the system's read
+    failed (EIO on a network disk: not lasting, read again next time)."""
+    if e.errno is None:
+        return InputError(doc.path, f"the image data is damaged ({e})", page=page)
+    return InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page, lasting=False)
+
+
 def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Image:
     page_no = page_index + 1
     with _open_image(doc, page_no) as img, warnings.catch_warnings():
@@ -439,9 +447,7 @@ def _render_image(doc: Document, page_index: int, longest_edge: int) -> Image.Im
         except InputError:
             raise
         except OSError as e:
-            if e.errno is None:  # PIL's decoders: truncated data, bad tiles
-                raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
-            raise InputError(doc.path, f"cannot read image: {e.strerror or e}", page=page_no, lasting=False) from None
+            raise _image_read_error(doc, e, page_no) from None
         except (ValueError, SyntaxError, TypeError, EOFError) as e:  # a broken IFD, bad tiles
             raise InputError(doc.path, f"the image data is damaged ({e})", page=page_no) from None
     w, h = rgb.size

@@ -159,6 +159,16 @@ class OutputFolder:
         """A new file `name` here (never through a link; O_EXCL), open for writing."""
         return os.open(self._at(name), _NEW_FILE, 0o666, dir_fd=self.fd)
 
+    def remove(self, name: str) -> None:
+        """Remove the entry `name` (a link itself, never what it points to) where it is there;
+        an OSError naming it where it is there and stays (a folder, an immutable file)."""
+        try:
+            os.unlink(self._at(name), dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.path / name)) from None
+
     def unlink(self, name: str) -> bool:
         """Remove the entry `name` (a link itself, never what it points to); False if it failed."""
         try:

@@ -180,8 +180,8 @@ def _write_all(tree: OutputTree, files: Sequence[tuple[Path, bytes]], last_marks
             folder.verify()
         for place in places:
             place.folder.check_target(place.path.name)
-        if last_marks_complete and len(places) > 1:
-            places[-1].folder.unlink(places[-1].path.name)  # absent already: nothing to do
+        if last_marks_complete and len(places) > 1:  # one that cannot go fails the set before any rename
+            places[-1].folder.remove(places[-1].path.name)
         for i, place in enumerate(places):
             os.replace(temps[i], place.path)
             temps[i] = ""

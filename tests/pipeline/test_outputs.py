@@ -199,6 +199,24 @@ def test_a_kill_between_the_renames_of_a_rewrite_leaves_no_primary(tmp_path, mon
     assert paths.exist(("md", "jsonl")) and "new" in paths.file("md").read_text()
 
 
+def test_a_set_whose_old_primary_cannot_go_is_not_written_at_all(tmp_path):
+    """All or none: where the old Markdown cannot be removed (a folder in its place, an immutable
+    file), the new JSONL was put in place anyway and the document reported unwritten; a later
+    `--format jsonl` run then skipped it as done, with the new version's JSONL beside the old
+    version's Markdown. Nothing is replaced now, and the error names the Markdown."""
+    d = doc(tmp_path, "r.pdf")
+    paths = plan_output_paths([d], tmp_path / "out")[d.doc_id]
+    write_document(paths, [result(d, 1, "old")], ("md", "jsonl"))
+    old_jsonl = paths.file("jsonl").read_bytes()
+    paths.file("md").unlink()
+    (paths.file("md") / "kept").mkdir(parents=True)  # a folder where the Markdown goes
+    with pytest.raises(OSError) as failed:
+        write_document(paths, [result(d, 1, "new")], ("md", "jsonl"))
+    assert outputs.write_problem(failed.value) == f"cannot write the output {paths.file('md')}: Is a directory"
+    assert paths.file("jsonl").read_bytes() == old_jsonl
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.jsonl", "r.md"]  # no temp left
+
+
 def test_page_files_of_an_earlier_version_go_with_the_new_set(tmp_path):
     """3 pages written with --page-files, then the file becomes 1 page (or --pages 1): pages 2 and 3
     of the old version must not stay beside the new set, a glob over page-*.md mixing the two."""

@@ -132,11 +132,11 @@ def test_bench_pages_names_the_failed_document_and_its_reason(tmp_path, capsys):
                  "--render-workers", "1", "--in-process", "--json", str(out)])
     assert code == ExitCode.PAGES_FAILED  # the figures are printed and written, and the failure is in the exit code
     err = capsys.readouterr().err
-    assert ("\n1 document failed:\n  corrupt.pdf: the PDF is damaged or truncated and cannot be opened\n"
+    assert (f"\n1 document failed:\n  {CORRUPT}: the PDF is damaged or truncated and cannot be opened\n"
             f"wrote {out}\n") in err
     (r,) = json.loads(out.read_text())
     assert [(p["doc"], p["page"], p["error"]) for p in r["pages"] if p["error"]] == [
-        ("corrupt.pdf", None, "the PDF is damaged or truncated and cannot be opened")]
+        (str(CORRUPT), None, "the PDF is damaged or truncated and cannot be opened")]
 
 
 def _result(name: str, pages: list[tuple[str, int | None, str | None]]) -> dict:

@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import PantheonError, path_text
+from ..errors import PantheonError, path_record, path_text
 from ..options import OVERLAP_WORDS, EngineOptions, PipelineOptions, SamplingOptions, spec
 from ..pipeline.types import STAGES, PageEngine
 
@@ -233,7 +233,7 @@ def run_config(opts: dict, config: dict) -> dict:
     for r in sorted(records, key=lambda r: (r["doc"], r["page"])):
         sec = r["seconds"]
         page_rows.append({
-            "doc": Path(r["doc"]).name, "page": r["page"], "n_tokens": r["n_tokens"],
+            "doc": r["doc"], "page": r["page"], "n_tokens": r["n_tokens"],
             "finish_reason": r["finish_reason"], "error": r["error"],
             "seconds": {s: sec.get(s, 0.0) for s in STAGES},
             "decode_tok_s": r["n_tokens"] / sec["decode"] if sec.get("decode") else None,
@@ -242,8 +242,8 @@ def run_config(opts: dict, config: dict) -> dict:
     # document that cannot be opened has no pages): listed from the run summary instead.
     seen = {(p["doc"], p["page"]) for p in page_rows}
     for f in summary.failed_pages:
-        if (Path(f.path).name, f.page) not in seen:
-            page_rows.append({"doc": Path(f.path).name, "page": f.page, "n_tokens": 0, "finish_reason": None,
+        if (path_record(f.path), f.page) not in seen:
+            page_rows.append({"doc": path_record(f.path), "page": f.page, "n_tokens": 0, "finish_reason": None,
                               "error": f.reason, "seconds": dict.fromkeys(STAGES, 0.0), "decode_tok_s": None})
     n_pages = summary.pages_done
     busy = {"render": sum(p["seconds"]["render"] for p in page_rows), **engine.busy}
@@ -398,7 +398,7 @@ def failure_lines(results: list[dict]) -> list[str]:
                         + ([f"{docs:,} document{'s' if docs != 1 else ''}"] if docs else []))
     lines = [f"{head} failed:"]
     for (doc, page, reason), where in seen.items():
-        which = "" if len(where) == len(names) else f" (in {'; '.join(dict.fromkeys(where))})"
+        which = "" if set(where) >= set(names) else f" (in {'; '.join(dict.fromkeys(where))})"
         lines.append(f"  {path_text(doc)}{'' if page is None else f' page {page}'}: {reason}{which}")
     return lines + died
 

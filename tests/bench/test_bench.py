@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pantheon_ocr.bench.pages import PageBenchOptions, bench_pages, expand_configs, format_table
+from pantheon_ocr.bench.pages import PageBenchOptions, bench_pages, expand_configs, failure_lines, format_table
 from pantheon_ocr.bench.stages import bench_decode, bench_prefill, bench_vision
 from pantheon_ocr.bench.synthetic import synthetic_pdf
 from pantheon_ocr.cli import main
@@ -284,15 +284,19 @@ def test_bench_pages_repeats_report_the_median_run(tmp_path):
 
 def test_bench_pages_reports_a_failed_document(tmp_path):
     pdf = synthetic_pdf(tmp_path / "good.pdf", 1)
-    bad = tmp_path / "bad.pdf"
-    bad.write_bytes(b"%PDF-1.4\nthis is not a pdf\n")
-    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf), str(bad)), max_tokens=2,
+    bad, other = tmp_path / "bad.pdf", tmp_path / "sub" / "bad.pdf"  # named by path: not one line for both
+    other.parent.mkdir()
+    for path in (bad, other):
+        path.write_bytes(b"%PDF-1.4\nthis is not a pdf\n")
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf), str(bad), str(other)), max_tokens=2,
                             ignore_eos=True, longest_edge=112, render_workers=1)
     (r,) = bench_pages(opts, expand_configs(batch_sizes=(2,)), isolate=False)
-    assert r["summary"]["pages_failed"] == 1 and r["summary"]["pages"] == 1
-    (failed,) = [p for p in r["pages"] if p["error"]]
-    assert failed["doc"] == "bad.pdf" and failed["n_tokens"] == 0 and set(failed["seconds"]) == STAGES
-    assert "(1 failed)" in format_table([r])
+    assert r["summary"]["pages_failed"] == 2 and r["summary"]["pages"] == 1
+    failed = [p for p in r["pages"] if p["error"]]
+    assert [p["doc"] for p in failed] == [str(bad), str(other)]
+    assert all(p["n_tokens"] == 0 and set(p["seconds"]) == STAGES for p in failed)
+    assert "(2 failed)" in format_table([r])
+    assert failure_lines([r]) == ["2 documents failed:", *(f"  {p}: the PDF is damaged or truncated and cannot be opened" for p in (bad, other))]
     json.dumps(r)
 
 

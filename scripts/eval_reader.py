@@ -41,7 +41,7 @@ from pantheon_ocr.modelfiles.resolve import resolve_model  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
 from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
-from pantheon_ocr.pipeline.segment import line_images  # noqa: E402
+from pantheon_ocr.pipeline.segment import line_pieces, piece_joins  # noqa: E402
 from pantheon_ocr.pipeline.types import PipelineOptions  # noqa: E402
 from training.lines import fixed_set  # noqa: E402
 from training.metrics import error_rates  # noqa: E402
@@ -49,27 +49,29 @@ from training.pages import make_page  # noqa: E402
 
 
 def read_lines(engine, lines, batch: int = 64) -> list[str]:
-    """Each line image read as the pipeline reads a line: cut at word gaps into pieces no wider
-    than the reader's line_width (pipeline/segment.line_images), each piece one sequence, the
-    pieces joined by a space; lines decoded together in batches."""
+    """Each line image read as the pipeline reads a line: cut into pieces no wider than the
+    reader's line_width (pipeline/segment.line_pieces), each piece one sequence, the pieces'
+    texts joined as the pipeline joins them (piece_joins); lines decoded together in batches."""
     out = []
     sampling = SamplingOptions(max_tokens=256)
     for i in range(0, len(lines), batch):
         pieces = [pieces_of(engine, ln.image) for ln in lines[i: i + batch]]
-        seqs = [[engine.prefill(engine.vision(im), sampling) for im in parts] for parts in pieces]
+        seqs = [[engine.prefill(engine.vision(im), sampling) for _, im in parts] for parts in pieces]
         flat = [s for parts in seqs for s in parts]
         while not all(s.finished for s in flat):
             engine.decode_step([s for s in flat if not s.finished])
-        out += [" ".join(s.text().strip() for s in parts) for parts in seqs]
+        for parts, boxes in zip(seqs, pieces):
+            texts = [s.text().strip() for s in parts]
+            out.append("".join(t + j for t, j in zip(texts, piece_joins([b for b, _ in boxes]))) + texts[-1])
     return out
 
 
 def pieces_of(engine, image: np.ndarray) -> list:
-    """A line image as the pipeline feeds it (segment.line_images over the whole image): drawn wider
-    by the reader's line_stretch, whole if it then fits its line_width, else cut."""
+    """A line image as the pipeline feeds it (segment.line_pieces over the whole image): drawn wider
+    by the reader's line_stretch, whole if it then fits its line_width, else cut; (box, image) each."""
     hints = engine.hints
     h, w = image.shape
-    return line_images(image, (0, 0, w, h), h, hints.patch_size, hints.line_width, hints.line_stretch)
+    return line_pieces(image, (0, 0, w, h), h, hints.patch_size, hints.line_width, hints.line_stretch)
 
 
 def cpu_seconds() -> float:

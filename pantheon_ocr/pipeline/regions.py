@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..errors import OptionError
 from ..options import SEGMENT_MODES, SamplingOptions
-from .segment import Region, block_image, blocks, line_images, segment
+from .segment import Region, block_image, blocks, line_pieces, piece_joins, segment
 from .types import PageEngine, Seq
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,15 @@ class RegionFeatures:
 
     regions: list[Region]
     features: list[list]
+    joins: list[list[str]] | None = None  # per region, what goes between its pieces' texts (segment.piece_joins); None: spaces
 
 
 class RegionGroup:
     """The sequences of one page's regions, finished together: a Seq to the pipeline."""
 
-    def __init__(self, regions: list[Region], seqs: list[list[Seq]]):
+    def __init__(self, regions: list[Region], seqs: list[list[Seq]], joins: list[list[str]] | None = None):
         self.regions, self.seqs = regions, seqs
+        self.joins = joins or [[" "] * (len(parts) - 1) for parts in seqs]
 
     def parts(self) -> list[Seq]:
         return [s for parts in self.seqs for s in parts]
@@ -80,7 +82,7 @@ class RegionGroup:
         return sum(s.logprob for s in self.parts())
 
     def text(self) -> str:
-        texts = [" ".join(s.text().strip() for s in parts) for parts in self.seqs]
+        texts = [_joined([s.text().strip() for s in parts], joins) for parts, joins in zip(self.seqs, self.joins)]
         noise = self._noise(texts)
         keep = [i not in noise for i in range(len(self.regions))]
         return join_regions([r for r, k in zip(self.regions, keep) if k], [t for t, k in zip(texts, keep) if k])
@@ -140,6 +142,11 @@ def for_options(engine: PageEngine, segment: str | None) -> PageEngine:
     return engine if mode == "page" else SegmentedEngine(engine, mode)
 
 
+def _joined(texts: list[str], joins: list[str]) -> str:
+    """A line's pieces' texts, each followed by what joins it to the next."""
+    return "".join(t + j for t, j in zip(texts, joins)) + texts[-1] if texts else ""
+
+
 def join_regions(regions: list[Region], texts: list[str]) -> str:
     """Cells of a row joined by a space, rows by a line break, blocks by a blank line."""
     out, prev = [], None
@@ -175,21 +182,24 @@ class SegmentedEngine:
         if self.mode == "blocks":
             regions = blocks(regions)
         h = self.hints
+        joins = None
         if self.mode == "lines" and h.reads_lines:
-            images = [line_images(clean, r.box, h.line_height, h.patch_size, h.line_width, h.line_stretch)
+            pieces = [line_pieces(clean, r.box, h.line_height, h.patch_size, h.line_width, h.line_stretch)
                       for r in regions]
+            images = [[im for _, im in parts] for parts in pieces]
+            joins = [piece_joins([b for b, _ in parts]) for parts in pieces]
         else:
             images = [[block_image(image, r.box)] for r in regions]
         flat = self.engine.vision_many([im for parts in images for im in parts])
         it = iter(flat)
-        return RegionFeatures(regions, [[next(it) for _ in parts] for parts in images])
+        return RegionFeatures(regions, [[next(it) for _ in parts] for parts in images], joins)
 
     def vision_many(self, images: list[Image.Image]) -> list[RegionFeatures]:
         return [self.vision(im) for im in images]
 
     def start_prefill(self, page: RegionFeatures, sampling: SamplingOptions) -> RegionGroup:
         seqs = [[self.engine.start_prefill(f, self._budget(f, sampling)) for f in parts] for parts in page.features]
-        return RegionGroup(page.regions, seqs)
+        return RegionGroup(page.regions, seqs, page.joins)
 
     def prefill_steps(self, groups: list[RegionGroup]) -> None:
         """One prefill forward over the next PREFILL_GROUP region prompts of these pages."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from pantheon_ocr.pipeline.segment import line_images, segment
+from pantheon_ocr.pipeline.segment import line_images, line_pieces, piece_joins, segment
 
 FONT = ImageFont.load_default(size=28)
 
@@ -87,6 +87,34 @@ def test_line_images_are_line_height_and_patch_multiples():
     assert len(images) >= 3  # the long line is cut to fit 1400 px
     for im in images:
         assert im.height == 28 and im.width % 14 == 0 and 28 <= im.width <= 1400
+
+
+def _cut_columns(clean: np.ndarray, box, pieces) -> list[tuple[int, int]]:
+    """(end of a piece, start of the next) on the page, for each cut of a line."""
+    return [(a[2], b[0]) for (a, _), (b, _) in zip(pieces, pieces[1:])]
+
+
+def test_a_long_line_is_cut_between_letters_never_through_one():
+    """A URL or a path has no word gap: it was cut through the letter at its middle, each piece
+    padded into the other, so both read a part of it ("debian-priv vate@"), and their texts were
+    joined by a space. It is cut between two letters, the padding there is paper, and the texts
+    join without a space; a line with word gaps is cut at one, joined by a space."""
+    url = "https://lists.debian.org/debian-private/archive/index.html"
+    prose = "the quick brown fox jumps over the lazy dog and runs far away"
+    grey = page([(150, 300, url), (150, 500, prose)], size=(2400, 800))
+    regions, clean = segment(grey)
+    assert len(regions) == 2
+    for region, joined in zip(regions, ("", " ")):
+        x0, y0, x1, y1 = region.box
+        pieces = line_pieces(clean, region.box, 28, 14, 280)
+        assert len(pieces) >= 3
+        ink = (clean[y0:y1] < 128).any(axis=0)
+        for end, start in _cut_columns(clean, region.box, pieces):
+            assert not ink[end:start].any() and start >= end  # blank columns, nothing of a letter on both sides
+        assert set(piece_joins([b for b, _ in pieces])) == {joined}
+        for (box, img), (nxt, _) in zip(pieces, pieces[1:]):  # paper past the cut, not the next letter
+            right = np.asarray(img)[:, -2:]
+            assert right.min() > 200, (box, nxt)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5000), (5000, 3)])

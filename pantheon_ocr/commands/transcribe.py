@@ -16,7 +16,7 @@ from .options import shown, table_options
 @click.option("--model", help="Text GGUF (qwen3), a directory holding the text and mmproj GGUFs, or the name of a "
                               "pulled model (models list). Default: the reader bundled with pantheon-ocr.")
 @click.option("--mmproj", help="Vision GGUF (clip, projector lightonocr), if --model names only the text GGUF.")
-@click.option("-o", "--output", default="out", show_default=True, type=click.Path(file_okay=False, allow_dash=True),
+@click.option("-o", "--output", default="out", show_default=True, type=click.Path(allow_dash=True),
               help="Output directory; '-' prints the text to standard output instead.")
 @table_options(PipelineOptions, "pages", "formats", "page_files", "password", "batch_size")
 @table_options(SamplingOptions, "max_tokens", "temperature", "top_p", "seed")

@@ -66,9 +66,13 @@ def _params(path) -> int | None:
     from .format.gguf import open_gguf
 
     try:
-        return tensor_params(open_gguf(path))
+        gf = open_gguf(path)
     except (ModelError, OSError):
         return None
+    try:
+        return tensor_params(gf)
+    finally:
+        gf.close()
 
 
 def tensor_params(gf) -> int:

@@ -303,7 +303,7 @@ def _kind_of(path: Path) -> Literal["pdf", "image"] | None:
 # -------------------------------------------------------------------------------- pages
 
 
-_RANGE = re.compile(r"^\s*(\d*)\s*(-?)\s*(\d*)\s*$")
+_RANGE = re.compile(r"^\s*(\d*)\s*(-?)\s*(\d*)\s*$", re.ASCII)  # '٢' is no page number here
 
 
 def page_ranges(spec: str) -> list[tuple[int, int | None]]:

@@ -34,3 +34,18 @@ def test_the_loaded_engine_says_its_model():
     text, mmproj = bundled_reader()
     engine, _ = load_page_engine(EngineOptions(text, mmproj))
     assert engine.model == model_identity(text, mmproj) and engine.model.startswith("pantheon-reader.gguf + mmproj-pantheon-reader.gguf #")
+
+
+def test_loading_leaves_no_file_open():
+    """Counting a GGUF's parameters (to choose the overlap) opened it and left it to the garbage
+    collector: `-W always::ResourceWarning` showed the mmproj unclosed after every Reader."""
+    import gc
+    import warnings
+
+    text, mmproj = bundled_reader()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        engine = load_page_engine(EngineOptions(text, mmproj))
+        del engine
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -156,7 +156,7 @@ def test_parse_pages(spec, n, expected):
     assert parse_pages(spec, n) == expected
 
 
-@pytest.mark.parametrize("spec", ["0", "3-1", "a", "1-2-3", "1,,2", "-", "1.5", "2-0"])
+@pytest.mark.parametrize("spec", ["0", "3-1", "a", "1-2-3", "1,,2", "-", "1.5", "2-0", "\u0662", "1-\uff13"])  # Arabic-Indic, fullwidth digits
 def test_parse_pages_rejects_bad_specs(spec):
     with pytest.raises(UsageError) as e:
         parse_pages(spec, 10)

@@ -187,6 +187,10 @@ class GGUFFile:
         if getattr(self, "_file", None) is not None:
             self._file.close()
 
+    # An engine's weights live as long as the engine, which has no close of its own: its files go
+    # with it, closed rather than left to the collector (ResourceWarning after every Reader).
+    __del__ = close
+
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, {len(self.tensors)} tensors)"
 

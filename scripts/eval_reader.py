@@ -41,7 +41,7 @@ from pantheon_ocr.modelfiles.resolve import resolve_model  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
 from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
-from pantheon_ocr.pipeline.segment import line_pieces, piece_joins  # noqa: E402
+from pantheon_ocr.pipeline.segment import join_pieces, line_pieces, piece_joins  # noqa: E402
 from pantheon_ocr.pipeline.types import PipelineOptions  # noqa: E402
 from training.lines import fixed_set  # noqa: E402
 from training.metrics import error_rates  # noqa: E402
@@ -60,9 +60,8 @@ def read_lines(engine, lines, batch: int = 64) -> list[str]:
         flat = [s for parts in seqs for s in parts]
         while not all(s.finished for s in flat):
             engine.decode_step([s for s in flat if not s.finished])
-        for parts, boxes in zip(seqs, pieces):
-            texts = [s.text().strip() for s in parts]
-            out.append("".join(t + j for t, j in zip(texts, piece_joins([b for b, _ in boxes]))) + texts[-1])
+        out += [join_pieces([s.text().strip() for s in parts], piece_joins([b for b, _ in boxes]))
+                for parts, boxes in zip(seqs, pieces)]
     return out
 
 

@@ -479,7 +479,6 @@ def test_an_output_folder_that_makes_no_files_is_said_so():
                                   "file system such as /proc?)\n")
 
 
-
 def test_an_output_folder_that_cannot_be_made_is_exit_73_either_way(tmp_path):
     """-o naming a file was click's usage error (exit 2, "Directory ... is a file."), -o below a
     file exit 73: both are an output that cannot be written, said in our words."""
@@ -489,6 +488,7 @@ def test_an_output_folder_that_cannot_be_made_is_exit_73_either_way(tmp_path):
         code, _, err = run("transcribe", DOCS / "text-1page.pdf", "--model", MODEL, "-o", out, "--no-progress")
         assert code == 73 and err == f"error: {out}: {problem}\n"
     assert (tmp_path / "afile").read_text() == "mine"
+
 
 def test_the_gpu_switches_without_a_gpu_are_said(tmp_path):
     """--gpu-prefill on a machine with no GPU was taken in silence: the prefill ran through torch on

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..errors import OptionError
 from ..options import SEGMENT_MODES, SamplingOptions
-from .segment import Region, block_image, blocks, line_pieces, piece_joins, segment
+from .segment import Region, block_image, blocks, join_pieces, line_pieces, piece_joins, segment
 from .types import PageEngine, Seq
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class RegionGroup:
         return sum(s.logprob for s in self.parts())
 
     def text(self) -> str:
-        texts = [_joined([s.text().strip() for s in parts], joins) for parts, joins in zip(self.seqs, self.joins)]
+        texts = [join_pieces([s.text().strip() for s in parts], joins) for parts, joins in zip(self.seqs, self.joins)]
         noise = self._noise(texts)
         keep = [i not in noise for i in range(len(self.regions))]
         return join_regions([r for r, k in zip(self.regions, keep) if k], [t for t, k in zip(texts, keep) if k])
@@ -140,11 +140,6 @@ def for_options(engine: PageEngine, segment: str | None) -> PageEngine:
         raise OptionError("segment", f"this model reads lines of text {engine.hints.line_height} px high (its GGUF "
                                      "says so), not whole pages: use lines or blocks", mode)
     return engine if mode == "page" else SegmentedEngine(engine, mode)
-
-
-def _joined(texts: list[str], joins: list[str]) -> str:
-    """A line's pieces' texts, each followed by what joins it to the next."""
-    return "".join(t + j for t, j in zip(texts, joins)) + texts[-1] if texts else ""
 
 
 def join_regions(regions: list[Region], texts: list[str]) -> str:

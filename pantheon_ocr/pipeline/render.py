@@ -44,7 +44,8 @@ _FPDF_ERR_SECURITY = 6
 _PDFIUM_LOCK = threading.Lock()
 # One open PDF per process: workers render consecutive pages of the same document, and
 # re-opening a big PDF for every page would re-parse its cross-reference table each time.
-_pdf_cache: dict[str, tuple[tuple, object]] = {}
+# "pdf": (key, the open document); "read through": the key of one whose file _page_failure read whole
+_pdf_cache: dict[str, tuple] = {}
 
 
 def count_pages(doc: Document, password: str | None = None) -> int:
@@ -303,7 +304,11 @@ def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
     cannot be read through now. PDFium reads the file as pages need it, so a read the system
     failed (EIO on a network disk) reaches us as the page's failure; then it is the system's
     (not lasting), and the open document is dropped so that the next try opens the file again.
-    Read through only here, on a failure: a whole file, once."""
+    Read through only here, on a failure, and once for the open document: the other damaged pages
+    of a file read through whole are the pages' own."""
+    opened = (_pdf_cache.get("pdf") or (None,))[0]
+    if opened is not None and _pdf_cache.get("read through") == opened:
+        return InputError(doc.path, problem, page=page_no)
     try:
         with open(doc.path, "rb") as f:
             while f.read(1 << 24):
@@ -311,6 +316,7 @@ def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
     except OSError as e:
         _pdf_cache.pop("pdf", None)  # closed when its last page is (pypdfium2 closes it when collected)
         return InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page_no, lasting=False)
+    _pdf_cache["read through"] = opened
     return InputError(doc.path, problem, page=page_no)
 
 

@@ -366,9 +366,9 @@ def line_pieces(grey: np.ndarray, box: tuple[int, int, int, int], height: int, p
 
     A line too wide is cut at its widest word gap in its middle half, else at the word gap
     nearest its middle, else (a URL, a path, a long identifier: no word gap at all) between two
-    letters, never through one: a cut through a letter, each side padded into the other, gave
-    both pieces a part of it ("debian-priv vate@"). A piece's padding at a cut is paper, not the
-    neighbour's ink."""
+    letters, not through one (only a line without a blank column is cut at its middle): a cut
+    through a letter, each side padded into the other, gave both pieces a part of it
+    ("debian-priv vate@"). A piece's padding at a cut is paper, not the neighbour's ink."""
     boxes = _split(grey, box, height, patch, max_width, stretch)
     return [(b, _crop(grey, b, height, patch, max_width, stretch, cut=(i > 0, i < len(boxes) - 1)))
             for i, b in enumerate(boxes)]
@@ -378,6 +378,11 @@ def piece_joins(boxes: list[tuple[int, int, int, int]]) -> list[str]:
     """What goes between the texts of a line's consecutive pieces: a space where they were cut
     at a word gap, nothing where they were cut between two letters."""
     return [" " if b[0] - a[2] >= max(2, WORD_GAP * (a[3] - a[1])) else "" for a, b in zip(boxes, boxes[1:])]
+
+
+def join_pieces(texts: list[str], joins: list[str]) -> str:
+    """A line's pieces' texts, each followed by what joins it to the next (piece_joins)."""
+    return "".join(t + j for t, j in zip(texts, joins)) + texts[-1] if texts else ""
 
 
 def _pads(box: tuple[int, int, int, int]) -> tuple[int, int]:
@@ -426,11 +431,13 @@ def _crop(grey: np.ndarray, box, height: int, patch: int, max_width: int, stretc
     _, pad_x = _pads(box)
     left = box[0] - max(0, box[0] - pad_x)  # the box's first column in the crop
     if cut[0] or cut[1]:
+        # the paper's own tone: white on a page the segmenter normalised, maybe not on a line image
+        paper = np.percentile(crop, 90)
         crop = crop.copy()
         if cut[0]:
-            crop[:, :left] = 255
+            crop[:, :left] = paper
         if cut[1]:
-            crop[:, left + box[2] - box[0]:] = 255
+            crop[:, left + box[2] - box[0]:] = paper
     return Image.fromarray(np.ascontiguousarray(crop)).resize((min(width, max_width), height), Image.BICUBIC)
 
 

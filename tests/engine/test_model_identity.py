@@ -36,13 +36,21 @@ def test_the_loaded_engine_says_its_model():
     assert engine.model == model_identity(text, mmproj) and engine.model.startswith("pantheon-reader.gguf + mmproj-pantheon-reader.gguf #")
 
 
-def test_loading_leaves_no_file_open():
+def test_loading_leaves_no_file_open(monkeypatch):
     """Counting a GGUF's parameters (to choose the overlap) opened it and left it to the garbage
-    collector: `-W always::ResourceWarning` showed the mmproj unclosed after every Reader."""
+    collector: `-W always::ResourceWarning` showed the mmproj unclosed after every Reader. The
+    count closes its file, and an engine's files close with it."""
     import gc
     import warnings
 
+    from pantheon_ocr.engine import loader
+    from pantheon_ocr.engine.format.gguf import GGUFFile
+
     text, mmproj = bundled_reader()
+    real_close, closed = GGUFFile.close, []
+    monkeypatch.setattr(GGUFFile, "close", lambda self: (closed.append(self), real_close(self)))
+    assert loader._params(mmproj) > 0 and len(closed) == 1
+    monkeypatch.undo()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         engine = load_page_engine(EngineOptions(text, mmproj))

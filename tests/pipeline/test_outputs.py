@@ -212,7 +212,7 @@ def test_a_set_whose_old_primary_cannot_go_is_not_written_at_all(tmp_path):
     (paths.file("md") / "kept").mkdir(parents=True)  # a folder where the Markdown goes
     with pytest.raises(OSError) as failed:
         write_document(paths, [result(d, 1, "new")], ("md", "jsonl"))
-    assert outputs.write_problem(failed.value) == f"cannot write the output {paths.file('md')}: Is a directory"
+    assert outputs.write_problem(failed.value).startswith(f"cannot write the output {paths.file('md')}: ")  # EISDIR, EPERM, ...
     assert paths.file("jsonl").read_bytes() == old_jsonl
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["r.jsonl", "r.md"]  # no temp left
 

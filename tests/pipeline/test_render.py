@@ -519,7 +519,8 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     """PDFium reads a PDF as its pages need it, so an EIO on a network disk reached us as a page
     that could not be loaded, counted the file's own fault for good (never read again by the next
     transcribe, never retried by archive jobs). A page that fails while the file cannot be read
-    through is the system's; one that fails while it can is the page's."""
+    through is the system's; one that fails while it can is the page's, and the file is read
+    through once for the open document, not once for each of its damaged pages."""
     import builtins
     import errno
 
@@ -528,29 +529,43 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     from pantheon_ocr.pipeline import render
 
     path = tmp_path / "a.pdf"
-    path.write_bytes((SAMPLES / "docs" / "text-1page.pdf").read_bytes())
+    path.write_bytes((SAMPLES / "docs" / "report-3pages.pdf").read_bytes())
     doc = make_document(path)
     render_page(doc, 0)  # opened: PDFium holds the file from now on
 
     def no_page(self, index):
         raise pdfium.PdfiumError("Failed to load page.")
 
-    monkeypatch.setattr(pdfium.PdfDocument, "__getitem__", no_page)
-    with pytest.raises(InputError, match="damaged page object") as damaged:
-        render_page(doc, 0)
-    assert damaged.value.lasting
-    real_open = builtins.open
+    real_open, opened = builtins.open, []
 
     def failing_open(file, *a, **kw):
         if str(file) == str(path):
+            opened.append(file)
             raise OSError(errno.EIO, "Input/output error")
         return real_open(file, *a, **kw)
 
+    monkeypatch.setattr(pdfium.PdfDocument, "__getitem__", no_page)
     monkeypatch.setattr(builtins, "open", failing_open)
     with pytest.raises(InputError, match="page 1: cannot read file: Input/output error$") as failed:
         render_page(doc, 0)
     assert not failed.value.lasting and failed.value.page == 1
     assert "pdf" not in render._pdf_cache  # the next try opens the file again
+    monkeypatch.setattr(builtins, "open", real_open)  # the disk is back: the pages' own damage
+    for page in (0, 1, 2):
+        with pytest.raises(InputError, match="damaged page object") as damaged:
+            render_page(doc, page)
+        assert damaged.value.lasting
+
+    def counting_open(file, *a, **kw):
+        if str(file) == str(path):
+            opened.append(file)
+        return real_open(file, *a, **kw)
+
+    opened.clear()
+    monkeypatch.setattr(builtins, "open", counting_open)
+    with pytest.raises(InputError, match="damaged page object"):
+        render_page(doc, 1)
+    assert opened == []  # read through once already
     monkeypatch.undo()
     assert render_page(doc, 0).size[0] > 0
 

@@ -89,7 +89,7 @@ def test_line_images_are_line_height_and_patch_multiples():
         assert im.height == 28 and im.width % 14 == 0 and 28 <= im.width <= 1400
 
 
-def _cut_columns(clean: np.ndarray, box, pieces) -> list[tuple[int, int]]:
+def _cut_columns(pieces) -> list[tuple[int, int]]:
     """(end of a piece, start of the next) on the page, for each cut of a line."""
     return [(a[2], b[0]) for (a, _), (b, _) in zip(pieces, pieces[1:])]
 
@@ -105,16 +105,15 @@ def test_a_long_line_is_cut_between_letters_never_through_one():
     regions, clean = segment(grey)
     assert len(regions) == 2
     for region, joined in zip(regions, ("", " ")):
-        x0, y0, x1, y1 = region.box
+        _, y0, _, y1 = region.box
         pieces = line_pieces(clean, region.box, 28, 14, 280)
         assert len(pieces) >= 3
         ink = (clean[y0:y1] < 128).any(axis=0)
-        for end, start in _cut_columns(clean, region.box, pieces):
-            assert not ink[end:start].any() and start >= end  # blank columns, nothing of a letter on both sides
+        for end, start in _cut_columns(pieces):
+            assert start > end and not ink[end:start].any()  # blank columns: no letter on both sides
         assert set(piece_joins([b for b, _ in pieces])) == {joined}
-        for (box, img), (nxt, _) in zip(pieces, pieces[1:]):  # paper past the cut, not the next letter
-            right = np.asarray(img)[:, -2:]
-            assert right.min() > 200, (box, nxt)
+        for (box, img), (nxt, after) in zip(pieces, pieces[1:]):  # paper past the cut, not the other piece's letter
+            assert np.asarray(img)[:, -2:].min() > 200 and np.asarray(after)[:, :2].min() > 200, (box, nxt)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5000), (5000, 3)])

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import InputError, path_record, path_text, with_setting
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
-from ..pipeline.naming import OutputPaths, plan_output_paths
+from ..pipeline.naming import OutputPaths, foreign_output, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import open_pages
 from ..pipeline.types import FORMATS, PipelineOptions
@@ -23,7 +23,7 @@ from .owner import own_name, remove_own_outputs
 from .report import RunLog
 from .spec import JobSpec, key_of
 from .state import JobState
-from .wording import NO_SELECTED_PAGE, UNREADABLE
+from .wording import NO_SELECTED_PAGE, OPENED_AGAIN, UNREADABLE
 
 _OLD_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp files of versions before outputs.TEMP_NAME
 
@@ -65,6 +65,10 @@ class Planner:
                 # Not a name another document of the job has, nor one whose outputs record
                 # another source (another job or `transcribe` sharing the output folder).
                 output = str(own_name(planned[doc.doc_id], path_record(doc.path), doc.doc_id, taken))
+                mine = foreign_output(planned[doc.doc_id], FORMATS) if output != str(planned[doc.doc_id].base) else None
+                if mine is not None:
+                    self.log.notes.append(f"{path_text(mine)} records no source, so it is no output of pantheon-ocr: left as "
+                                          f"it is, {path_text(doc.path)} written as {path_text(output)}.*")
                 row = state.place_document(row, doc, output)
             self.docs[doc.doc_id] = (row["id"], doc)
             # size/mtime are stored only together with the hash they vouch for: a run killed
@@ -72,7 +76,8 @@ class Planner:
             stamp = (sha, st.st_size, st.st_mtime_ns)
             seen.append((self.run_id, *(stamp[1:] if row["sha256"] == sha else (row["size"], row["mtime_ns"])), row["id"]))
             if row["sha256"] != sha:
-                self.log.document("new" if row["sha256"] is None else "changed", doc.path)
+                self.log.document("changed" if row["sha256"] is not None else "new" if row["error"] is None else
+                                  OPENED_AGAIN, doc.path)
                 to_count.append((doc, row["id"], stamp, row["sha256"] is not None))
             elif row["n_pages"] is None:
                 if self.retry_failed:

@@ -3,7 +3,10 @@ each with its right plural."""
 
 from __future__ import annotations
 
-PLANNED = ("new", "changed", "unchanged", "skipped (unreadable)")  # what the plan found, one per document
+# what the plan found, one per document; "opened again": its open failed last run, not for its
+# own fault (a read the system failed), so it is not skipped as unreadable
+PLANNED = ("new", "changed", "opened again", "unchanged", "skipped (unreadable)")
+OPENED_AGAIN = "opened again"
 # what came of a document none of whose pages the job's `pages` selects: failed, as transcribe
 # fails it, yet counted as done work for the exit code (1, not 4), as transcribe counts it
 NO_SELECTED_PAGE = "failed (no selected page)"

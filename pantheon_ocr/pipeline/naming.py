@@ -362,18 +362,34 @@ def plan_output_paths(documents: Iterable[Document], out_dir: str | os.PathLike)
     return {doc_id: plan[doc_id] for doc_id in unique}
 
 
+def foreign_output(paths: OutputPaths, formats: Sequence[str]) -> Path | None:
+    """A Markdown or JSONL at `paths` among `formats` that records no source: not an output of
+    ours (every one records its source in its first line), a file of the user's, not to be written
+    over. None where there is none (txt files record nothing, so they cannot be told apart). A
+    symbolic link is no such file: a link where outputs go is refused (files.PlantedPath)."""
+    for fmt in sorted(RECORDING & set(formats)):
+        path = paths.file(fmt)
+        if path.is_file() and not path.is_symlink() and paths.recorded_source((fmt,)) is None:
+            return path
+    return None
+
+
 def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str,
-                  claimed: set[str]) -> tuple[OutputPaths, Source | None]:
+                  claimed: set[str], overwrite: bool = False) -> tuple[OutputPaths, Source | None]:
     """The document's output paths after looking at the output folder, and the Source its
     existing outputs there record (None: no outputs, or they record nothing). A candidate name
     is passed over when another document of this run claimed it (`claimed`: casefolded bases,
-    updated here) or when its existing output records another source. Call in the order of
-    plan_output_paths' priority (absolute paths sorted as bytes) so that names stay stable."""
+    updated here), when its existing output records another source, or (unless `overwrite`:
+    the user's word) when a Markdown or JSONL there records none (foreign_output). Call in the
+    order of plan_output_paths' priority (absolute paths sorted as bytes) so that names stay stable."""
     candidates = planned.candidates or (planned.base,)
     found = {}  # candidate -> the Source its outputs record (None: none there, or they record none)
+    taken = set()  # candidates holding outputs of others, or files not ours
     for base in candidates:
         paths = OutputPaths(base, root=planned.root)
         found[base] = paths.recorded_source(formats) if any(p.exists() for p in paths.documents(formats)) else None
+        if found[base] is not None or (not overwrite and foreign_output(paths, formats) is not None):
+            taken.add(base)
     # A name whose outputs are this document's already keeps them, whichever candidate it is: not
     # made again elsewhere, no copy left behind (its shared name freed, say, it stays suffixed).
     for base in candidates:
@@ -387,7 +403,7 @@ def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str
     ours_only = candidates.index(planned.base) if planned.base in candidates else 0
     for base in candidates[ours_only:]:
         key = str(base).casefold()
-        if key not in claimed and (found[base] is None or base == candidates[-1]):
+        if key not in claimed and (base not in taken or base == candidates[-1]):
             claimed.add(key)
             return OutputPaths(base, root=planned.root), None
     claimed.add(str(candidates[-1]).casefold())
@@ -405,6 +421,7 @@ class Claim:
     # with failed_before: the other pages can be kept, its outputs recording one reading (its JSONL,
     # where kept pages come from, not one a later run with --format md left behind: records_agree)
     keeps: bool = False
+    note: str = ""  # a file of the user's where its outputs would go, left as it is (foreign_output)
     # its outputs are a finished reading of this very file, of another page selection that holds
     # every page this run selects: a stopped run keeps them (as it keeps a done document's under
     # --overwrite) rather than put a part of its own reading in their place. Outputs of fewer
@@ -414,7 +431,7 @@ class Claim:
 
 
 def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], formats: Sequence[str],
-              pages: str | None = None, page_files: bool = False) -> dict[str, Claim]:
+              pages: str | None = None, page_files: bool = False, overwrite: bool = False) -> dict[str, Claim]:
     """doc_id -> Claim for a run's documents: settles the names against the output folder, in
     the stable priority order, and decides which documents are done. Only outputs made with the
     page selection `pages` (PipelineOptions.pages; None: every page) can make a document done.
@@ -427,7 +444,10 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
     claims: dict[str, Claim] = {}
     claimed: set[str] = set()
     for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
-        paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed)
+        paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed, overwrite)
+        mine = foreign_output(planned[doc.doc_id], formats) if paths.base != planned[doc.doc_id].base and not overwrite else None
+        note = (f"{path_text(mine)} records no source, so it is no output of pantheon-ocr: left as it is, "
+                f"the outputs written as {path_text(paths.file(formats[0]))}") if mine is not None else ""
         same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats, page_files) \
@@ -444,6 +464,6 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
         done = whole and same_pages and paths.exist(formats, page_files) and paths.written_with(formats, recorded)
         claims[doc.doc_id] = Claim(paths, source, done,
                                    failed_before=recorded.failed if same else None,
-                                   model_before=recorded.model if same else None, keeps=agree,
+                                   model_before=recorded.model if same else None, keeps=agree, note=note,
                                    finished=whole and recorded.pages != wanted and covers(recorded.pages, wanted))
     return claims

@@ -207,7 +207,8 @@ class _Run:
             return
         opts = self.options
         to_open, again, kept, other_model = [], {}, {}, {}
-        claims = claim_all(self.documents, self.paths, opts.formats, opts.pages, opts.page_files)  # outputs of other pages are not done
+        # outputs of other pages are not done; --overwrite writes over a file that is not ours too
+        claims = claim_all(self.documents, self.paths, opts.formats, opts.pages, opts.page_files, opts.overwrite)
         model = self.engine.model or None  # "": an engine that does not say (none of the run's outputs record one)
         for doc in self.documents:
             claim = claims[doc.doc_id]
@@ -266,7 +267,8 @@ class _Run:
                 keeps_earlier=doc.doc_id in self.finished_before,
                 pages=[i + 1 for i in pages], saved=len(keep),
                 results=[PageResult(doc, page, k.text, k.n_tokens, k.finish_reason, None, k.seconds) for page, k in keep.items()],
-                note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages), opened_note))))
+                note="; ".join(filter(None, (again_note, past_end_note(opts.pages, n_pages), opened_note,
+                                             claims[doc.doc_id].note))))
             self.tasks += [PageTask(doc, i, n_pages) for i in pages if i + 1 not in keep]
             if len(keep) == len(pages):  # nothing left to read (the failed pages are no longer selected)
                 self._finish(state)

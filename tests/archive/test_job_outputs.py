@@ -203,6 +203,26 @@ def test_a_new_document_does_not_take_the_name_of_another_sources_output(tmp_pat
     check_outputs(out, {"a.md": (1, 2), own.name + ".md": (2, 1)})
 
 
+def test_a_file_of_the_users_at_an_output_name_is_left_as_it_is(tmp_path):
+    """A Markdown that records no source (the user's own notes in the output folder) was written
+    over by a job's first night; it is left as it is, the document takes its name with its id,
+    and the run says so."""
+    pdf(tmp_path / "in", "a.pdf", 2, 1)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.md").write_text("# my notes\n")
+    job = write_job(tmp_path)
+    result = run(job)
+    own = output_of(job)
+    assert result.exit_code == ExitCode.OK and own.name.startswith("a-") and len(own.name) == len("a-") + 8
+    assert result.summary["notes"] == [f"{out / 'a.md'} records no source, so it is no output of pantheon-ocr: left as "
+                                       f"it is, {tmp_path / 'in' / 'a.pdf'} written as {own}.*"]
+    assert (out / "a.md").read_text() == "# my notes\n"
+    check_outputs(out, {own.name + ".md": (1, 2)})
+    result = run(job)
+    assert result.summary["documents"] == {"unchanged": 1} and result.summary["notes"] == []
+
+
 def test_an_output_taken_over_by_another_source_is_written_again_under_an_own_name(tmp_path):
     job1, job2, out = two_jobs(tmp_path)
     run(job1)

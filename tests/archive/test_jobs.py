@@ -218,7 +218,7 @@ def test_a_document_whose_read_failed_is_opened_again_next_night(tmp_path, monke
     check_outputs(tmp_path / "out", {"a.md": (1, 2)})
     monkeypatch.setattr(render, "_open_pdf", real_open)  # the disk is back
     result = run(job)
-    assert result.summary["documents"] == {"unchanged": 1, "new": 1, "written": 1, "skipped (unreadable)": 1}
+    assert result.summary["documents"] == {"unchanged": 1, "opened again": 1, "written": 1, "skipped (unreadable)": 1}
     assert result.exit_code == ExitCode.OK
     check_outputs(tmp_path / "out", {"a.md": (1, 2), "b.md": (2, 3)})
     assert rows(job, "SELECT status, error FROM documents WHERE path LIKE '%b.pdf'") == [("done", None)]

@@ -232,6 +232,37 @@ def test_skip_existing_and_overwrite(tmp_path):
     assert md_body(tmp_path / "out" / "a.md") == md_expected([(1, 1), (1, 2)])
 
 
+def test_a_file_of_the_users_where_outputs_go_is_not_written_over(tmp_path):
+    """A Markdown of the user's own (no source recorded: not ours) where a document's outputs go
+    was replaced without --overwrite, exit 0, no word of it; outputs of other documents were kept
+    and outputs of ours were never removed unless they recorded the document. It is left as it is,
+    the outputs go to the document's other name, and the run says so; the next run finds them
+    there. --overwrite is the user's word: it writes over such a file."""
+    a = write_pdf(tmp_path / "in", "a.pdf", 2, doc_no=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.md").write_text("# my notes on a.pdf\n")
+    summary = run_pipeline(expand_inputs([str(a)]), FakeEngine(), options(tmp_path, formats=("md", "jsonl")))
+    (outcome,) = summary.documents
+    written = [p for p in out.iterdir() if p.name.startswith("a-") and p.suffix == ".md"]
+    assert outcome.status == "written" and summary.exit_code == ExitCode.OK and len(written) == 1
+    assert outcome.note == (f"{out / 'a.md'} records no source, so it is no output of pantheon-ocr: left as it is, "
+                            f"the outputs written as {written[0]}")
+    assert (out / "a.md").read_text() == "# my notes on a.pdf\n" and not (out / "a.jsonl").exists()
+    assert md_body(written[0]) == md_expected([(1, 1), (1, 2)])
+    engine = FakeEngine()
+    again = run_pipeline(expand_inputs([str(a)]), engine, options(tmp_path, formats=("md", "jsonl")))
+    assert again.documents[0].status == "skipped" and engine.prefills == []
+    (out / "b.jsonl").write_text("not a record\n")  # a JSONL of no source is no output of ours either
+    b = write_pdf(tmp_path / "in", "b.pdf", 1, doc_no=2)
+    run_pipeline(expand_inputs([str(b)]), FakeEngine(), options(tmp_path, formats=("md", "jsonl")))
+    assert (out / "b.jsonl").read_text() == "not a record\n" and not (out / "b.md").exists()
+    c = write_pdf(tmp_path / "in", "c.pdf", 1, doc_no=3)
+    (out / "c.md").write_text("# mine too\n")
+    overwritten = run_pipeline(expand_inputs([str(c)]), FakeEngine(), options(tmp_path, overwrite=True))
+    assert overwritten.documents[0].note == "" and md_body(out / "c.md") == md_expected([(3, 1)])
+
+
 def test_a_document_with_failed_pages_is_read_again_by_the_next_run(tmp_path):
     """Outputs with a hole (a page timed out) are no document's last word: they record the failed
     pages, and the next run reads those again (it once skipped the document, "outputs exist", exit

@@ -303,7 +303,7 @@ def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
     """A page PDFium could not load or render: the page's own damage (lasting), unless the file
     cannot be read through now. PDFium reads the file as pages need it, so a read the system
     failed (EIO on a network disk) reaches us as the page's failure; then it is the system's
-    (not lasting), and the open document is dropped so that the next try opens the file again.
+    (not lasting), and the open document is marked stale so that the next try opens the file again.
     Read through only here, on a failure, and once for the open document: the other damaged pages
     of a file read through whole are the pages' own."""
     opened = (_pdf_cache.get("pdf") or (None,))[0]
@@ -314,7 +314,9 @@ def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
             while f.read(1 << 24):
                 pass
     except OSError as e:
-        _pdf_cache.pop("pdf", None)  # closed when its last page is (pypdfium2 closes it when collected)
+        entry = _pdf_cache.get("pdf")
+        if entry is not None:  # the next page closes it and opens the file again (_cached_pdf)
+            _pdf_cache["pdf"] = (None, entry[1])
         return InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page_no, lasting=False)
     _pdf_cache["read through"] = opened
     return InputError(doc.path, problem, page=page_no)

@@ -549,7 +549,7 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     with pytest.raises(InputError, match="page 1: cannot read file: Input/output error$") as failed:
         render_page(doc, 0)
     assert not failed.value.lasting and failed.value.page == 1
-    assert "pdf" not in render._pdf_cache  # the next try opens the file again
+    assert render._pdf_cache["pdf"][0] is None  # stale: the next try closes it and opens the file again
     monkeypatch.setattr(builtins, "open", real_open)  # the disk is back: the pages' own damage
     for page in (0, 1, 2):
         with pytest.raises(InputError, match="damaged page object") as damaged:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import InputError, path_record, path_text, with_setting
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
-from ..pipeline.naming import OutputPaths, foreign_output, plan_output_paths
+from ..pipeline.naming import OutputPaths, foreign_note, foreign_output, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import open_pages
 from ..pipeline.types import FORMATS, PipelineOptions
@@ -67,8 +67,7 @@ class Planner:
                 output = str(own_name(planned[doc.doc_id], path_record(doc.path), doc.doc_id, taken))
                 mine = foreign_output(planned[doc.doc_id], FORMATS) if output != str(planned[doc.doc_id].base) else None
                 if mine is not None:
-                    self.log.notes.append(f"{path_text(mine)} records no source, so it is no output of pantheon-ocr: left as "
-                                          f"it is, {path_text(doc.path)} written as {path_text(output)}.*")
+                    self.log.notes.append(foreign_note(mine, f"{path_text(doc.path)} written as {path_text(output)}.*"))
                 row = state.place_document(row, doc, output)
             self.docs[doc.doc_id] = (row["id"], doc)
             # size/mtime are stored only together with the hash they vouch for: a run killed

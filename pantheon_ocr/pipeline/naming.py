@@ -374,6 +374,11 @@ def foreign_output(paths: OutputPaths, formats: Sequence[str]) -> Path | None:
     return None
 
 
+def foreign_note(foreign: Path, written_as: str) -> str:
+    """What a run says of a file of the user's it left where a document's outputs would go."""
+    return f"{path_text(foreign)} records no source, so it is no output of pantheon-ocr: left as it is, {written_as}"
+
+
 def claim_outputs(planned: OutputPaths, formats: Sequence[str], source_path: str,
                   claimed: set[str], overwrite: bool = False) -> tuple[OutputPaths, Source | None]:
     """The document's output paths after looking at the output folder, and the Source its
@@ -446,8 +451,7 @@ def claim_all(documents: Sequence[Document], planned: dict[str, OutputPaths], fo
     for doc in sorted(documents, key=lambda d: os.fsencode(d.path)):
         paths, recorded = claim_outputs(planned[doc.doc_id], formats, path_record(doc.path), claimed, overwrite)
         mine = foreign_output(planned[doc.doc_id], formats) if paths.base != planned[doc.doc_id].base and not overwrite else None
-        note = (f"{path_text(mine)} records no source, so it is no output of pantheon-ocr: left as it is, "
-                f"the outputs written as {path_text(paths.file(formats[0]))}") if mine is not None else ""
+        note = foreign_note(mine, f"the outputs written as {path_text(paths.file(formats[0]))}") if mine is not None else ""
         same_pages = recorded is not None and recorded.pages == wanted and not recorded.failed
         try:
             if same_pages and recorded.unchanged(os.stat(doc.path)) and paths.exist(formats, page_files) \

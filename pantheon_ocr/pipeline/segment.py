@@ -351,18 +351,12 @@ def _tight(ctx: _Ctx, b0, b1, c0, c1):
 WORD_GAP = 0.25  # a blank run of columns at least this share of a line's height is a word space
 
 
-def line_images(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int,
-                stretch: float = 1.0) -> list[Image.Image]:
-    """The crop of a region, padded like the reader's training crops, scaled to `height` and its
-    width then by `stretch` (the reader's line_stretch); a line wider than max_width is cut into
-    pieces (line_pieces)."""
-    return [img for _, img in line_pieces(grey, box, height, patch, max_width, stretch)]
-
-
 def line_pieces(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int,
                 stretch: float = 1.0) -> list[tuple[tuple[int, int, int, int], Image.Image]]:
-    """line_images with the page box each piece was cut from (training/typeset.py gives each
-    piece the text of the characters inside its box; piece_joins tells how their texts join).
+    """(box, image) for each piece of a region: the crop, padded like the reader's training crops,
+    scaled to `height` and its width then by `stretch` (the reader's line_stretch), with the page
+    box it was cut from (training/typeset.py gives each piece the text of the characters inside
+    its box; piece_joins tells how their texts join).
 
     A line too wide is cut at its widest word gap in its middle half, else at the word gap
     nearest its middle, else (a URL, a path, a long identifier: no word gap at all) between two

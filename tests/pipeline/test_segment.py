@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from pantheon_ocr.pipeline.segment import line_images, line_pieces, piece_joins, segment
+from pantheon_ocr.pipeline.segment import line_pieces, piece_joins, segment
 
 FONT = ImageFont.load_default(size=28)
 
@@ -83,7 +83,7 @@ def test_line_images_are_line_height_and_patch_multiples():
     lines = [(150, 300, "a line of text"), (150, 400, "x" * 120)]
     grey = page(lines, size=(4000, 800))
     regions, clean = segment(grey)
-    images = [im for r in regions for im in line_images(clean, r.box, 28, 14, 1400)]
+    images = [im for r in regions for _, im in line_pieces(clean, r.box, 28, 14, 1400)]
     assert len(images) >= 3  # the long line is cut to fit 1400 px
     for im in images:
         assert im.height == 28 and im.width % 14 == 0 and 28 <= im.width <= 1400

@@ -568,6 +568,10 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     assert opened == []  # read through once already
     monkeypatch.undo()
     assert render_page(doc, 0).size[0] > 0
+    # Close the cached document here: left open, pypdfium2 closes it at the test process's exit
+    # and says so on stderr, at the end of every CI run.
+    render.clear_pdf_cache()
+    assert "pdf" not in render._pdf_cache
 
 
 def test_a_pdf_that_pdfium_cannot_load_is_the_files_fault_only_when_its_bytes_say_so(tmp_path):

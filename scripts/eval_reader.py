@@ -41,7 +41,7 @@ from pantheon_ocr.modelfiles.resolve import resolve_model  # noqa: E402
 from pantheon_ocr.engine.sampling import SamplingOptions  # noqa: E402
 from pantheon_ocr.pipeline.inputs import make_document  # noqa: E402
 from pantheon_ocr.pipeline.run import run_pipeline  # noqa: E402
-from pantheon_ocr.pipeline.segment import join_pieces, line_pieces, piece_joins  # noqa: E402
+from pantheon_ocr.pipeline.pieces import join_pieces, line_pieces, piece_joins  # noqa: E402
 from pantheon_ocr.pipeline.types import PipelineOptions  # noqa: E402
 from training.lines import fixed_set  # noqa: E402
 from training.metrics import error_rates  # noqa: E402
@@ -50,7 +50,7 @@ from training.pages import make_page  # noqa: E402
 
 def read_lines(engine, lines, batch: int = 64) -> list[str]:
     """Each line image read as the pipeline reads a line: cut into pieces no wider than the
-    reader's line_width (pipeline/segment.line_pieces), each piece one sequence, the pieces'
+    reader's line_width (pipeline/pieces.line_pieces), each piece one sequence, the pieces'
     texts joined as the pipeline joins them (piece_joins); lines decoded together in batches."""
     out = []
     sampling = SamplingOptions(max_tokens=256)
@@ -66,7 +66,7 @@ def read_lines(engine, lines, batch: int = 64) -> list[str]:
 
 
 def pieces_of(engine, image: np.ndarray) -> list:
-    """A line image as the pipeline feeds it (segment.line_pieces over the whole image): drawn wider
+    """A line image as the pipeline feeds it (pieces.line_pieces over the whole image): drawn wider
     by the reader's line_stretch, whole if it then fits its line_width, else cut; (box, image) each."""
     hints = engine.hints
     h, w = image.shape

@@ -1,7 +1,7 @@
 """Lines typeset by groff and cut as the pipeline cuts a page: real typesetting (groff's own
 fonts, kerning, ligatures, justified spacing, hyphenation, bullets, code in Courier), found by
-the pipeline's segmenter (pipeline/segment.py) and cut by its line_pieces at the reader's width,
-each piece's text the characters PDFium places inside its box. The drawn lines of render.py
+the pipeline's segmenter (pipeline/segment.py) and cut by line_pieces (pipeline/pieces.py) at
+the reader's width, each piece's text the characters PDFium places inside its box. The drawn lines of render.py
 are one face and one line at a time; these are the crops the reader meets on a real page.
 
     lines = TypesetLines()
@@ -20,7 +20,8 @@ import unicodedata
 
 import numpy as np
 
-from pantheon_ocr.pipeline.segment import line_pieces, segment
+from pantheon_ocr.pipeline.pieces import line_pieces
+from pantheon_ocr.pipeline.segment import segment
 
 from .charset import CHARSET, clean_text
 from .texts import _identifier, _lang, _markup, _number, _span, prose

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..pipeline.figures import images_dir, remove_stale
 from ..pipeline.files import OutputTree
-from ..pipeline.naming import OutputPaths, claim_outputs, with_id
+from ..pipeline.claims import claim_outputs
+from ..pipeline.naming import OutputPaths, with_id
 from ..pipeline.outputs import remove_old_page_files
 from ..pipeline.types import FORMATS
 

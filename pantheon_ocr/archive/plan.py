@@ -15,7 +15,8 @@ from pathlib import Path
 from ..errors import InputError, path_record, path_text, with_setting
 from ..pipeline.inputs import Document, NothingFound, expand_inputs, parse_pages, past_end_note
 from ..pipeline.files import OutputTree, sha256_of
-from ..pipeline.naming import OutputPaths, foreign_note, foreign_output, plan_output_paths
+from ..pipeline.claims import foreign_note, foreign_output
+from ..pipeline.naming import OutputPaths, plan_output_paths
 from ..pipeline.outputs import TEMP_NAME, temp_tag
 from ..pipeline.render import open_pages
 from ..pipeline.types import FORMATS, PipelineOptions

@@ -25,6 +25,12 @@ def runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
 
 
+def gaps(cols: np.ndarray, min_gap: float) -> list[tuple[int, int]]:
+    """Runs of empty columns at least min_gap wide, not touching either edge."""
+    starts, ends = runs(~cols)
+    return [(s, e) for s, e in zip(starts, ends) if e - s >= min_gap and s > 0 and e < cols.size]
+
+
 def _long_runs(ink: np.ndarray, min_len: int) -> np.ndarray:
     """Pixels of horizontal runs of ink at least min_len long (rows scanned as one padded line)."""
     h, w = ink.shape

@@ -17,7 +17,8 @@ from PIL import Image
 
 from ..errors import OptionError
 from ..options import SEGMENT_MODES, SamplingOptions
-from .segment import Region, block_image, blocks, join_pieces, line_pieces, piece_joins, segment
+from .pieces import join_pieces, line_pieces, piece_joins
+from .segment import Region, block_image, blocks, segment
 from .types import PageEngine, Seq
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class RegionFeatures:
 
     regions: list[Region]
     features: list[list]
-    joins: list[list[str]] | None = None  # per region, what goes between its pieces' texts (segment.piece_joins); None: spaces
+    joins: list[list[str]] | None = None  # per region, what goes between its pieces' texts (pieces.piece_joins); None: spaces
 
 
 class RegionGroup:

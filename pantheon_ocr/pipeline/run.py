@@ -38,7 +38,8 @@ from .files import PlantedPath, changed_since, file_stamp
 from .inputs import Document, parse_pages, past_end_note, validate_page_spec
 from .fallback import TextLayerFallback
 from .figures import FigureCropper
-from .naming import claim_all, plan_output_paths
+from .claims import claim_all
+from .naming import plan_output_paths
 from .outputs import check_targets, write_document, write_problem
 from .readback import read_pages
 from .regions import for_options

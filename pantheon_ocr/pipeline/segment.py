@@ -10,7 +10,8 @@ two columns, a footer under them), each cut again; what cannot be cut is a run o
 splits into cells at wide gaps (table rows are read cell by cell, left to right; a cell holding
 lines of its own, each of them), with an inline picture standing on it cut off (_beside). Each
 leaf is a line: its crop is taken from the normalised grey page, padded, and scaled to the
-reader's line height. A blank page has no regions.
+reader's line height (pieces.py: a line too wide for the reader is cut into pieces). A blank page
+has no regions.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .ink import runs, ink_mask, normalise_ground, otsu
+from .ink import gaps, ink_mask, normalise_ground, runs
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,6 @@ def _bands(ink: np.ndarray, y0: int, y1: int, x0: int, x1: int, min_h: int) -> l
         else:
             bands.append([s, e])
     return [(y0 + s, y0 + e) for s, e in bands]
-
-
-def _gaps(cols: np.ndarray, min_gap: float) -> list[tuple[int, int]]:
-    """Runs of empty columns at least min_gap wide, not touching either edge."""
-    starts, ends = runs(~cols)
-    return [(s, e) for s, e in zip(starts, ends) if e - s >= min_gap and s > 0 and e < cols.size]
 
 
 def _line_height(ink: np.ndarray, strips: int = 6) -> float:
@@ -130,7 +125,7 @@ def _block(ctx: _Ctx, y0: int, y1: int, x0: int, x1: int, out: list[Region]) -> 
     # about a line wide is a column gutter only where at least 3 lines stand on both sides (word
     # spaces do not line up over several lines of running text); a wider one needs 2.
     cols = ink[y0:y1, x0:x1].any(axis=0)
-    for gs, ge in sorted(_gaps(cols, ctx.min_gap), key=lambda g: g[0] - g[1]):
+    for gs, ge in sorted(gaps(cols, ctx.min_gap), key=lambda g: g[0] - g[1]):
         left, right = (x0, x0 + gs), (x0 + ge, x1)
         lines = 2 if ge - gs >= 2 * ctx.min_gap else 3
         if all(_is_text_column(ctx, y0, y1, a, b, lines) for a, b in (left, right)):
@@ -248,7 +243,7 @@ def _beside(ctx: _Ctx, band: tuple[int, int], x0: int, x1: int):
         return None
     cols = ctx.ink[b0:b1, x0:x1].any(axis=0)
     edges, start = [], 0
-    for gs, ge in _gaps(cols, max(2.0, 0.3 * ctx.line_h)):
+    for gs, ge in gaps(cols, max(2.0, 0.3 * ctx.line_h)):
         edges.append((start, gs))
         start = ge
     edges.append((start, cols.size))
@@ -305,7 +300,7 @@ def _cells(ctx: _Ctx, b0: int, b1: int, x0: int, x1: int) -> list[tuple[int, int
     cols = ctx.ink[b0:b1, x0:x1].any(axis=0)
     height = b1 - b0
     edges, start = [], 0
-    for gs, ge in _gaps(cols, max(ctx.min_gap, 1.2 * height)):
+    for gs, ge in gaps(cols, max(ctx.min_gap, 1.2 * height)):
         if _leader(ctx, b0, b1, x0 + gs, x0 + ge):
             continue
         edges.append((start, gs))
@@ -346,93 +341,6 @@ def _tight(ctx: _Ctx, b0, b1, c0, c1):
     if h < max(3, 0.3 * ctx.line_h) or n < 0.5 * h:  # specks and dust
         return None
     return c0 + int(xs[0]), b0 + int(ys[0]), c0 + int(xs[-1]) + 1, b0 + int(ys[-1]) + 1
-
-
-WORD_GAP = 0.25  # a blank run of columns at least this share of a line's height is a word space
-
-
-def line_pieces(grey: np.ndarray, box: tuple[int, int, int, int], height: int, patch: int, max_width: int,
-                stretch: float = 1.0) -> list[tuple[tuple[int, int, int, int], Image.Image]]:
-    """(box, image) for each piece of a region: the crop, padded like the reader's training crops,
-    scaled to `height` and its width then by `stretch` (the reader's line_stretch), with the page
-    box it was cut from (training/typeset.py gives each piece the text of the characters inside
-    its box; piece_joins tells how their texts join).
-
-    A line too wide is cut at its widest word gap in its middle half, else at the word gap
-    nearest its middle, else (a URL, a path, a long identifier: no word gap at all) between two
-    letters, not through one (only a line without a blank column is cut at its middle): a cut
-    through a letter, each side padded into the other, gave both pieces a part of it
-    ("debian-priv vate@"). A piece's padding at a cut is paper, not the neighbour's ink."""
-    boxes = _split(grey, box, height, patch, max_width, stretch)
-    return [(b, _crop(grey, b, height, patch, max_width, stretch, cut=(i > 0, i < len(boxes) - 1)))
-            for i, b in enumerate(boxes)]
-
-
-def piece_joins(boxes: list[tuple[int, int, int, int]]) -> list[str]:
-    """What goes between the texts of a line's consecutive pieces: a space where they were cut
-    at a word gap, nothing where they were cut between two letters."""
-    return [" " if b[0] - a[2] >= max(2, WORD_GAP * (a[3] - a[1])) else "" for a, b in zip(boxes, boxes[1:])]
-
-
-def join_pieces(texts: list[str], joins: list[str]) -> str:
-    """A line's pieces' texts, each followed by what joins it to the next (piece_joins)."""
-    return "".join(t + j for t, j in zip(texts, joins)) + texts[-1] if texts else ""
-
-
-def _pads(box: tuple[int, int, int, int]) -> tuple[int, int]:
-    h = box[3] - box[1]
-    return max(1, round(0.15 * h)), max(2, round(0.3 * h))  # (y, x): as the training crops are padded
-
-
-def _scaled_width(grey: np.ndarray, box, height: int, patch: int, stretch: float) -> tuple[np.ndarray, int]:
-    """The padded crop of `box` and its width once scaled to `height` and by `stretch`, in whole patches."""
-    x0, y0, x1, y1 = box
-    pad_y, pad_x = _pads(box)
-    H, W = grey.shape
-    crop = grey[max(0, y0 - pad_y): min(H, y1 + pad_y), max(0, x0 - pad_x): min(W, x1 + pad_x)]
-    scale = height / crop.shape[0]
-    return crop, -(-max(2 * patch, round(crop.shape[1] * scale * stretch)) // patch) * patch
-
-
-def _split(grey: np.ndarray, box, height: int, patch: int, max_width: int, stretch: float) -> list[tuple[int, int, int, int]]:
-    x0, y0, x1, y1 = box
-    h = y1 - y0
-    if _scaled_width(grey, box, height, patch, stretch)[1] <= max_width or x1 - x0 <= 2 * h:
-        return [box]
-    cols = (grey[y0:y1, x0:x1] < otsu(grey[y0:y1, x0:x1])).any(axis=0)
-    gs, ge = _cut(cols, h)
-    return (_split(grey, (x0, y0, x0 + gs, y1), height, patch, max_width, stretch)
-            + _split(grey, (x0 + ge, y0, x1, y1), height, patch, max_width, stretch))
-
-
-def _cut(cols: np.ndarray, h: int) -> tuple[int, int]:
-    """Where to cut a line whose ink columns are `cols`: (start, end) of a blank run (see line_pieces)."""
-    n = cols.size
-
-    def off(g):
-        return abs((g[0] + g[1]) / 2 - n / 2)
-
-    words = _gaps(cols, max(2, WORD_GAP * h))
-    middle = [g for g in words if off(g) <= n / 4]
-    if middle:
-        return max(middle, key=lambda g: (g[1] - g[0], -off(g)))
-    return min(words or _gaps(cols, 1) or [(n // 2, n // 2)], key=off)
-
-
-def _crop(grey: np.ndarray, box, height: int, patch: int, max_width: int, stretch: float,
-          cut: tuple[bool, bool]) -> Image.Image:
-    crop, width = _scaled_width(grey, box, height, patch, stretch)
-    _, pad_x = _pads(box)
-    left = box[0] - max(0, box[0] - pad_x)  # the box's first column in the crop
-    if cut[0] or cut[1]:
-        # the paper's own tone: white on a page the segmenter normalised, maybe not on a line image
-        paper = np.percentile(crop, 90)
-        crop = crop.copy()
-        if cut[0]:
-            crop[:, :left] = paper
-        if cut[1]:
-            crop[:, left + box[2] - box[0]:] = paper
-    return Image.fromarray(np.ascontiguousarray(crop)).resize((min(width, max_width), height), Image.BICUBIC)
 
 
 def blocks(regions: list[Region]) -> list[Region]:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from pantheon_ocr.pipeline.segment import line_pieces, piece_joins, segment
+from pantheon_ocr.pipeline.pieces import line_pieces, piece_joins
+from pantheon_ocr.pipeline.segment import segment
 
 FONT = ImageFont.load_default(size=28)
 

@@ -25,7 +25,7 @@ from ..format.gguf import GGUFFile, meta
 class ReadingHints:
     segment: str  # the default segment mode: page, blocks or lines
     line_height: int  # lines: each line crop is scaled to this height (px); 0: cropped at page resolution
-    line_width: int  # the widest piece of a line read at once (px); wider lines are cut (segment.line_pieces)
+    line_width: int  # the widest piece of a line read at once (px); wider lines are cut (pipeline/pieces.line_pieces)
     page_edge: int  # pages are rendered at this longest edge (px) before they are cut or read
     patch_size: int  # every image side is rounded up to a multiple of this (px)
     # A line crop is scaled to line_height and its width then by this: a reader whose tokens each

@@ -66,11 +66,38 @@ def open_pages(doc: Document, password: str | None = None) -> PageCount:
     read frame by frame is its text over and over), and it is said, not left silent."""
     if doc.kind == "pdf":
         with _PDFIUM_LOCK:
-            return PageCount(len(_cached_pdf(doc, password)))
+            return _pdf_pages(doc, _cached_pdf(doc, password))
     with _open_image(doc, None) as img:
         n = _n_frames(img)
         frames = _animation_frames(img)
     return PageCount(n, f"an animated image: only its first frame of {frames} is read" if frames > 1 else "")
+
+
+def _pdf_pages(doc: Document, pdf) -> PageCount:
+    """The pages of the PDF's page tree. The count a PDF declares (/Count, what PDFium's page
+    count says) can be more than its tree holds: a damaged or hostile 1-page file declaring a
+    million pages was read as a million failed pages (a night's archive job, a 75 MB Markdown).
+    Pages past the last one found are not there, and a note says so; a page that cannot be found
+    before it is still a page (it fails as one, damaged). Finding a page reads its dictionary,
+    not its contents, and a page that is not there is a lookup in PDFium's list of them. A file
+    that cannot be read through is the system's failure (PDFium reads lazily): then nothing is
+    decided about its pages."""
+    import pypdfium2.raw as pdfium_c
+
+    declared, size = len(pdf), pdfium_c.FS_SIZEF()
+    found = declared
+    while found > 0 and not pdfium_c.FPDF_GetPageSizeByIndexF(pdf.raw, found - 1, size):
+        found -= 1
+    if found == declared:
+        return PageCount(declared)
+    error = _read_error(doc)
+    if error is not None:
+        raise InputError(doc.path, f"cannot read file: {error.strerror or error}", lasting=False)
+    pages = f"{declared} page{'s' * (declared > 1)}"
+    if found == 0:
+        raise InputError(doc.path, f"the PDF declares {pages}, but its page tree holds no page")
+    missing = f"page {declared} is" if found + 1 == declared else f"pages {found + 1}-{declared} are"
+    return PageCount(found, f"the PDF declares {pages}, but its page tree ends after page {found}: {missing} not there")
 
 
 def _animation_frames(img: Image.Image) -> int:
@@ -306,20 +333,30 @@ def _page_failure(doc: Document, page_no: int, problem: str) -> InputError:
     (not lasting), and the open document is marked stale so that the next try opens the file again.
     Read through only here, on a failure, and once for the open document: the other damaged pages
     of a file read through whole are the pages' own."""
+    error = _read_error(doc)
+    if error is not None:
+        return InputError(doc.path, f"cannot read file: {error.strerror or error}", page=page_no, lasting=False)
+    return InputError(doc.path, problem, page=page_no)
+
+
+def _read_error(doc: Document) -> OSError | None:
+    """Why the open PDF's file cannot be read through now (None: it can). Read once for the open
+    document; where it fails, the document is marked stale, so that the next page closes it and
+    opens the file again (_cached_pdf)."""
     opened = (_pdf_cache.get("pdf") or (None,))[0]
     if opened is not None and _pdf_cache.get("read through") == opened:
-        return InputError(doc.path, problem, page=page_no)
+        return None
     try:
         with open(doc.path, "rb") as f:
             while f.read(1 << 24):
                 pass
     except OSError as e:
         entry = _pdf_cache.get("pdf")
-        if entry is not None:  # the next page closes it and opens the file again (_cached_pdf)
+        if entry is not None:
             _pdf_cache["pdf"] = (None, entry[1])
-        return InputError(doc.path, f"cannot read file: {e.strerror or e}", page=page_no, lasting=False)
+        return e
     _pdf_cache["read through"] = opened
-    return InputError(doc.path, problem, page=page_no)
+    return None
 
 
 def _stat_regular(doc: Document, page: int | None) -> os.stat_result:

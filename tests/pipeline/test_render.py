@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import zlib
 from pathlib import Path, PurePath
@@ -120,6 +121,77 @@ def test_count_pages(tmp_path):
     Image.new("RGB", (30, 30)).save(tmp_path / "one.png")
     assert count_pages(make_document(tmp_path / "multi.tif")) == 3
     assert count_pages(make_document(tmp_path / "one.png")) == 1
+
+
+def declaring(pdf: bytes, count: int) -> bytes:
+    """`pdf` with its page tree's /Count replaced (one digit for one: the offsets stay right)."""
+    (old,) = re.findall(rb"/Count (\d)\b", pdf)
+    assert len(str(count)) == len(old)
+    return pdf.replace(b"/Count " + old, b"/Count %d" % count)
+
+
+def test_a_pdf_declaring_more_pages_than_its_page_tree_holds_is_the_pages_it_holds(tmp_path):
+    """PDFium's page count is the /Count a PDF declares: a 1-page file declaring 100,000 was read
+    as 99,999 failed pages, and one declaring a million ran for hours. The pages are those of the
+    page tree, and a note says what was declared; a damaged page among them is still a page."""
+    from fake_engine import marked_pdf
+
+    (tmp_path / "two.pdf").write_bytes(declaring(marked_pdf(2), 7))
+    assert open_pages(make_document(tmp_path / "two.pdf")) == PageCount(
+        2, "the PDF declares 7 pages, but its page tree ends after page 2: pages 3-7 are not there")
+    (tmp_path / "one.pdf").write_bytes(declaring(marked_pdf(1), 2))
+    assert open_pages(make_document(tmp_path / "one.pdf")).note.endswith("ends after page 1: page 2 is not there")
+    assert render_page(make_document(tmp_path / "one.pdf"), 0, 200).size == (155, 200)
+    # a million declared (PDFium's most), rewritten by hand: PDFium mends the offsets
+    (tmp_path / "many.pdf").write_bytes(marked_pdf(1).replace(b"/Count 1", b"/Count 1000000"))
+    assert open_pages(make_document(tmp_path / "many.pdf")) == PageCount(
+        1, "the PDF declares 1000000 pages, but its page tree ends after page 1: pages 2-1000000 are not there")
+    # the tree's second of three pages is a font, not a page: damaged, and still page 2 of 3
+    three = marked_pdf(3)
+    kids = re.search(rb"/Kids \[(\d+) 0 R (\d+) 0 R", three)
+    font = re.search(rb"(\d+) 0 obj\s*<<\s*/Type\s*/Font", three).group(1)
+    (tmp_path / "three.pdf").write_bytes(three.replace(kids.group(0), kids.group(0).replace(
+        b"%s 0 R" % kids.group(2), (b"%s 0 R" % font).rjust(len(kids.group(2)) + 4))))
+    assert open_pages(make_document(tmp_path / "three.pdf")) == PageCount(3)
+    with pytest.raises(InputError, match="page 2: the page cannot be loaded"):
+        render_page(make_document(tmp_path / "three.pdf"), 1, 200)
+    # the first two are fonts: two damaged pages, and the third found
+    (tmp_path / "front.pdf").write_bytes(three.replace(kids.group(0), kids.group(0).replace(
+        b"%s 0 R" % kids.group(1), (b"%s 0 R" % font).rjust(len(kids.group(1)) + 4)).replace(
+        b"%s 0 R" % kids.group(2), (b"%s 0 R" % font).rjust(len(kids.group(2)) + 4))))
+    assert open_pages(make_document(tmp_path / "front.pdf")) == PageCount(3)
+    (tmp_path / "none.pdf").write_bytes(declaring(marked_pdf(1), 1).replace(
+        b"/Kids [", b"/Kids [%s 0 R " % re.search(rb"(\d+) 0 obj\s*<<\s*/Type\s*/Font", marked_pdf(1)).group(1), 1))
+    with pytest.raises(InputError, match="the PDF declares 1 page, but its page tree holds no page") as none:
+        open_pages(make_document(tmp_path / "none.pdf"))
+    assert none.value.lasting
+
+
+def test_a_pdf_whose_pages_cannot_be_found_while_its_file_cannot_be_read_is_not_cut_short(tmp_path, monkeypatch):
+    """PDFium reads lazily: pages it cannot find while the file cannot be read through are the
+    system's failure (not lasting), never a shorter document (a kept reading of fewer pages)."""
+    import builtins
+    import errno
+
+    from fake_engine import marked_pdf
+    from pantheon_ocr.pipeline import render
+
+    path = tmp_path / "a.pdf"
+    path.write_bytes(declaring(marked_pdf(2), 5))
+    real_open = builtins.open
+
+    def failing_open(file, *a, **kw):
+        if str(file) == str(path):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(file, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", failing_open)  # PDFium's own reads are not Python's
+    with pytest.raises(InputError, match="cannot read file: Input/output error$") as failed:
+        open_pages(make_document(path))
+    assert not failed.value.lasting and failed.value.page is None
+    monkeypatch.undo()
+    assert open_pages(make_document(path)).n == 2
+    render.clear_pdf_cache()
 
 
 @pytest.mark.parametrize("fmt", ["GIF", "WEBP", "PNG"])

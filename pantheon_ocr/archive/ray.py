@@ -192,6 +192,8 @@ class RayExecutor:
         inflight: dict[Any, tuple[int, list[PageTask], int]] = {}
         load = [0] * len(self.actors)
         lost = [0] * len(self.actors)  # calls lost with the worker: past its restarts it is dead
+        waits = [0] * len(self.actors)  # calls in a row it answered "restarting"
+        resting = [0.0] * len(self.actors)  # a restarting worker is sent nothing before this time
         last = ""
         try:
             while chunks or inflight:
@@ -199,8 +201,12 @@ class RayExecutor:
                 if not live:  # the cluster went (ray stop, its nodes down): try again later
                     raise NetworkError("the Ray cluster", f"every worker died ({len(self.actors)}; the last said: {last}); "
                                                           "the pages not read stay pending for the next run")
-                while chunks and min(load[i] for i in live) < self.in_flight:
-                    i = min(live, key=lambda j: load[j])
+                up = [i for i in live if resting[i] <= time.monotonic()]
+                if not up and not inflight:  # every worker restarting: wait for the first back
+                    time.sleep(max(0.0, min(resting[i] for i in live) - time.monotonic()))
+                    continue
+                while chunks and up and min(load[i] for i in up) < self.in_flight:
+                    i = min(up, key=lambda j: load[j])
                     chunk, tries = chunks.popleft()
                     items = [(t.doc.doc_id, t.doc.kind, str(t.doc.rel), t.doc.path.name, t.page_index, t.n_pages, t.sampling)
                              for t in chunk]
@@ -216,7 +222,15 @@ class RayExecutor:
                     except _WorkerLost as e:
                         # the worker, not the pages: the chunk goes again, its attempt and sampling
                         # unchanged (same text as if nothing happened); a chunk that keeps losing
-                        # its worker fails as pages do
+                        # its worker fails as pages do. A worker Ray is restarting has lost no
+                        # call of its own: its chunk waits (on a busy node a restart takes seconds,
+                        # and the chunk sent back at once met "restarting" until its tries were
+                        # spent, its pages failed as an attempt each and read again hotter)
+                        if e.restarting and waits[i] < RESTART_WAITS:
+                            waits[i] += 1
+                            resting[i] = time.monotonic() + RESTART_PAUSE
+                            chunks.appendleft((chunk, tries))
+                            continue
                         lost[i] += 1
                         last = str(e)
                         if tries + 1 < CHUNK_TRIES:
@@ -224,6 +238,7 @@ class RayExecutor:
                             continue
                         results = [PageResult(t.doc, t.page, "", 0, None, f"Ray worker failed {CHUNK_TRIES} times "
                                                                           f"on it: {e}") for t in chunk]
+                    waits[i] = 0
                     for result in results:
                         emit(result)
         except KeyboardInterrupt:
@@ -240,7 +255,9 @@ class RayExecutor:
         except ray.exceptions.RayTaskError as e:  # the call raised in the worker: a bug, the chunk's pages fail
             reason = f"Ray worker failed: {_said(e)}"
             return [PageResult(t.doc, t.page, "", 0, None, reason) for t in chunk]
-        except ray.exceptions.RayError as e:  # died, restarting, its node or the object gone
+        except ray.exceptions.ActorUnavailableError as e:  # restarting, or out of reach for now
+            raise _WorkerLost(_said(e), restarting=True) from None
+        except ray.exceptions.RayError as e:  # died, its node or the object gone
             raise _WorkerLost(_said(e)) from None
         got = {(r["doc_id"], r["page"]): r for r in rows}
         out = []
@@ -286,10 +303,16 @@ def _sweep_caches() -> None:
 
 MAX_LOST = 3  # calls a worker may lose (its restarts, max_restarts=2, and one more) before it counts as dead
 CHUNK_TRIES = 3  # times a chunk is sent again after losing its worker before its pages fail
+RESTART_PAUSE = 1.0  # seconds a worker that said "restarting" is left alone
+RESTART_WAITS = 120  # "restarting" answers in a row (about 2 minutes) before one counts as a lost call
 
 
 class _WorkerLost(Exception):
     """A chunk's worker died (or was restarting, or its node went): not the pages' failure."""
+
+    def __init__(self, said: str, restarting: bool = False):
+        super().__init__(said)
+        self.restarting = restarting  # Ray is bringing it back: no call of its own was lost
 
 
 def _said(e: BaseException) -> str:

@@ -130,13 +130,17 @@ def test_pipeline_script(tmp_path, local_ray, monkeypatch, capsys):
     assert script.main([str(tmp_path / "missing.toml")]) == ExitCode.BAD_ARGUMENTS
 
 
-def test_a_worker_that_dies_costs_no_attempt_and_changes_no_text(tmp_path, local_ray):
+@pytest.mark.parametrize("restart", [0.0, 4.0])
+def test_a_worker_that_dies_costs_no_attempt_and_changes_no_text(tmp_path, local_ray, restart):
     """A worker killed mid-chunk (the OOM killer, kill -9): its chunk goes again, the same attempt
     with the same sampling, so the night ends as on one machine. It used to fail the chunk's pages
-    as an attempt each (three such nights: failed for good) and read them again hotter."""
+    as an attempt each (three such nights: failed for good) and read them again hotter. A worker
+    slow to come back (`restart` s: a busy node) says "restarting" meanwhile, and that is no lost
+    call: the chunk sent back at once spent its tries on it, its pages failed as an attempt each."""
     local_job, ray_job = make_inputs(tmp_path / "local"), make_inputs(tmp_path / "ray")
     local = run_job(load_job(local_job), EngineFactory(loops=LOOPS))
-    executor = RayExecutor(EngineFactory(loops=LOOPS, on_step=DieOnce(str(tmp_path / "died"))), workers=2, chunk_pages=2)
+    factory = EngineFactory(loops=LOOPS, on_step=DieOnce(str(tmp_path / "died")), slow_restart=restart)
+    executor = RayExecutor(factory, workers=2, chunk_pages=2)
     seen = []
     on_ray = run_job(load_job(ray_job), executor=executor, on_progress=seen.append)
     assert (tmp_path / "died").exists()  # a worker did die

@@ -132,7 +132,7 @@ def _start(job: Path, engine: dict, ready: Path | None = None) -> subprocess.Pop
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(predicate, timeout: float = 60.0) -> None:
+def _wait_for(predicate, timeout: float = 180.0) -> None:
     t0 = time.monotonic()
     while not predicate():
         assert time.monotonic() - t0 < timeout, "timed out"

@@ -96,6 +96,33 @@ class Salvage:
     unreadable: list[tuple] = field(default_factory=list)  # (path, doc_id, kind, rel, output, sha256, error)
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def _check_sqlite(path: Path, job: object | None) -> None:
+    """A file in the state's place that is no SQLite database at all (`state =` naming the job
+    file itself, an input, a typo) is refused and never modified: called damaged, it was set
+    aside by --rebuild-state as the error advised, a new database put in its place (the job
+    file gone, or an input replaced by a database)."""
+    if job is not None and os.path.exists(job) and os.path.samefile(path, job):
+        raise JobError(f"{path_text(path)}: `state =` names the job file itself; point it at another file "
+                       "(the job's state is a database of its own)")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as e:
+        raise JobError(f"{path_text(path)}: cannot read the job state: {e.strerror or e}") from None
+    if head != SQLITE_HEADER:
+        raise JobError(f"{path_text(path)}: not a job state: not an SQLite database ({_said_head(head)}); it was "
+                       "left untouched: point `state =` in the job file at another file (a job state whose first "
+                       "bytes were damaged: move it aside, and --rebuild-state makes a new one)")
+
+
+def _said_head(head: bytes) -> str:
+    shown = head.split(b"\n")[0][:12].decode("ascii", "replace")
+    return f"it begins {shown!r}" if shown.isprintable() and shown.strip() else "its first bytes are another format's"
+
+
 class JobState(MetaMixin, RunsMixin):
     """One connection to a job's state. Rows come back as sqlite3.Row (by column name); what the
     state knows of the job as a whole (the last reading, marks) is meta.py's."""
@@ -128,6 +155,8 @@ class JobState(MetaMixin, RunsMixin):
                            "point `state =` in the job file at a file")
         if st is not None and st.st_size == 0:
             raise StateDamaged(f"{path_text(path)}: the job state is empty (0 bytes); {advice(job)}")
+        if st is not None:
+            _check_sqlite(path, job)
         if st is not None and create_new:  # a run: said before SQLite opens it, which would leave
             # -wal and -shm beside it as read-only as the file, failing the run after it is fixed
             for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):

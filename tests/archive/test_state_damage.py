@@ -89,6 +89,29 @@ def test_a_foreign_database_is_never_modified(tmp_path):
     assert rc == ExitCode.BAD_ARGUMENTS and state.read_bytes() == before, lines
 
 
+@pytest.mark.parametrize("what", ["the job file", "an input", "a text file"])
+def test_a_file_that_is_no_database_is_never_called_damaged_nor_set_aside(tmp_path, what):
+    """`state =` naming the job file itself (or an input, or any file that is not SQLite) was
+    'damaged' with --rebuild-state as the way out, which set the file aside and put a database
+    in its place: the job file gone, an input replaced. It is refused and left as it is."""
+    pdf(tmp_path / "in", "a.pdf", 1, 1)
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    state = {"the job file": tmp_path / "job.toml", "an input": tmp_path / "in" / "a.pdf",
+             "a text file": tmp_path / "notes.txt"}[what]
+    job = write_job(tmp_path, {"state": str(state)})
+    before = {p: p.read_bytes() for p in (job, tmp_path / "in" / "a.pdf", tmp_path / "notes.txt")}
+    said = {"the job file": "names the job file itself", "an input": "it begins '%PDF-", "a text file": "it begins 'my notes'"}
+    for command in ("run", "status"):
+        one_error(job, command, ExitCode.BAD_ARGUMENTS, str(state), said[what])
+    if what != "the job file":
+        one_error(job, "run", ExitCode.BAD_ARGUMENTS, "not an SQLite database", "left untouched")
+    rc, lines = cli("archive", "run", str(job), "--no-progress", "--rebuild-state")
+    assert rc == ExitCode.BAD_ARGUMENTS, lines
+    assert {p: p.read_bytes() for p in before} == before
+    assert not [p for p in tmp_path.rglob("*") if ".damaged-" in p.name or ".old-" in p.name]  # nothing set aside
+    assert [p.name for p in (tmp_path / "in").iterdir()] == ["a.pdf"]
+
+
 def test_undecodable_text_is_damage_naming_the_file_and_the_way_out(tmp_path):
     job = done_job(tmp_path)
     sql(job, "UPDATE documents SET rel = CAST(x'ff41' AS TEXT) WHERE id = 1")  # what a flipped byte does

@@ -31,7 +31,7 @@ from ..options import EngineOptions
 from ..pipeline.inputs import Document
 from ..pipeline.fallback import TextLayerFallback
 from ..pipeline.figures import FigureCropper
-from ..pipeline.naming import OutputPaths, Source, plan_output_paths
+from ..pipeline.naming import OutputPaths, Source, page_selection, plan_output_paths
 from ..pipeline.files import changed_since, file_stamp
 from ..pipeline.outputs import check_output_folder, write_document, write_problem
 from ..pipeline.types import STAGES, TEXT_LAYER, PageResult, PageTask, PipelineOptions, Progress
@@ -396,8 +396,11 @@ class _JobRun:
             try:
                 results = self.figures.apply(results, paths.base)
                 # (with page files, write_document also removes those of pages the set no longer has)
+                # the page selection too: `transcribe` in a shared output folder took a job's
+                # `pages = "2"` outputs for the whole document, done
                 write_document(paths, results, formats, self.options.page_files,
-                               Source(path_record(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"]))
+                               Source(path_record(row["path"]), row["sha256"], size=row["size"], mtime_ns=row["mtime_ns"],
+                                      pages=page_selection(self.options.pages)))
                 status = "partial" if any(r.error is not None for r in results) else "done"
             except OSError as e:
                 status, error = "pending", write_problem(e)  # retried next run

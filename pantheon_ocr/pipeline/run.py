@@ -230,7 +230,9 @@ class _Run:
                     self.finished_before.add(doc.doc_id)
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before
-                    if claim.model_before not in (None, model):  # a document is read by one model, not two
+                    # a document is read by one model, not two; outputs that name none (an archive
+                    # job's, an older version's) may be another's, and are read again whole too
+                    if claim.model_before != model:
                         other_model[doc.doc_id] = claim.model_before
                     elif self.write_outputs and claim.keeps:  # the pages that did not fail stay as they were written
                         kept[doc.doc_id] = read_pages(claim.paths, opts.formats, claim.source.sha256)
@@ -261,8 +263,7 @@ class _Run:
                 again_note = (f"{said} not finished last time: read again, {kept_said}" if keep and len(keep) < len(pages)
                               else f"{said} not finished last time and is not selected now: {kept_said}" if keep
                               else f"read again{', all of it' if len(pages) == n_pages else ''}: {said} not finished last time"
-                              + (f", and the pages read then were another model's ({other_model[doc.doc_id]})"
-                                 if doc.doc_id in other_model else ""))
+                              + (_other_model(other_model[doc.doc_id]) if doc.doc_id in other_model else ""))
             state = self.states[doc.doc_id] = DocState(
                 doc, self.paths[doc.doc_id], expected=len(pages), stamp=file_stamp(doc), kept=len(keep),
                 keeps_earlier=doc.doc_id in self.finished_before,
@@ -420,6 +421,11 @@ class _Run:
         if self.fallback is not None:
             self.fallback.close()
         self.figures.close()
+
+
+def _other_model(model: str | None) -> str:
+    return (f", and the pages read then were another model's ({model})" if model
+            else ", and the outputs do not say which model read the pages then")
 
 
 def _pages_said(pages: str) -> str:

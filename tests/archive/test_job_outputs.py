@@ -280,3 +280,24 @@ def test_a_first_night_with_no_selected_page_keeps_a_transcribe_output_of_the_sa
     result = run(write_job(tmp_path, ocr={"pages": "5"}))
     assert result.exit_code == ExitCode.PAGES_FAILED and result.summary["notes"] == []
     assert (tmp_path / "out" / "a.md").read_bytes() == before
+
+
+def test_a_jobs_page_selection_is_recorded_so_transcribe_reads_the_rest(tmp_path):
+    """A job's outputs recorded no page selection: `transcribe` in the same output folder took a
+    job's `pages = "2"` outputs for the whole document and skipped it ("outputs exist")."""
+    from pantheon_ocr.pipeline.inputs import make_document
+    from pantheon_ocr.pipeline.naming import header_record
+    from pantheon_ocr.pipeline.run import run_pipeline
+    from pantheon_ocr.pipeline.types import PipelineOptions
+
+    pdf(tmp_path / "in", "a.pdf", 3, 1)
+    assert run(write_job(tmp_path, ocr={"pages": "2"})).exit_code == ExitCode.OK
+    md = tmp_path / "out" / "a.md"
+    assert header_record(md.read_text().splitlines()[0])["pages"] == "2"
+    assert [p for p, _, _ in md_pages(md_body(md))] == [2]
+    engine, _ = EngineFactory()()
+    summary = run_pipeline([make_document(tmp_path / "in" / "a.pdf")], engine,
+                           PipelineOptions(out_dir=tmp_path / "out", render_workers=1, text_fallback=False))
+    assert summary.documents[0].status == "written"
+    assert [p for p, _, _ in md_pages(md_body(md))] == [1, 2, 3]
+    assert "pages" not in header_record(md.read_text().splitlines()[0])

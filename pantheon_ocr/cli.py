@@ -161,6 +161,14 @@ def _main(args: list[str], verbose: bool) -> int:
         click.echo("error: out of memory (a limit such as ulimit -v, or too much at once: try a smaller "
                    "--batch-size or fewer --render-workers)", err=True)
         return ExitCode.OUT_OF_RESOURCES
+    except RuntimeError as exc:
+        if str(exc) != "can't start new thread":  # Python's word for pthread_create's EAGAIN
+            return _internal(exc, verbose)
+        if verbose:
+            traceback.print_exc()
+        click.echo("error: cannot start a thread: out of memory (a limit such as ulimit -v), or at the limit of "
+                   "processes and threads (ulimit -u); try fewer --render-workers", err=True)
+        return ExitCode.OUT_OF_RESOURCES
     except OSError as exc:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             return _internal(exc, verbose)

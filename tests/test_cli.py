@@ -177,6 +177,13 @@ def test_inspect_describes_a_pair_that_does_not_fit_before_saying_so(tmp_path):
     assert code == 3 and set(info) == {"text", "mmproj", "pair"} and info["pair"].startswith("does not fit: ")
 
 
+def test_inspect_names_its_argument_not_a_flag_it_does_not_take(tmp_path):
+    (tmp_path / "text.gguf").symlink_to(MODEL / "text.gguf")
+    code, _, err = run("inspect", tmp_path)
+    assert code == 2 and err == (f"error: {tmp_path}: the folder should hold one text GGUF and one *mmproj*.gguf, "
+                                 "found ['text.gguf']; name the two files instead\n")
+
+
 def test_image_page_printed_to_stdout(tmp_path):
     png = ROOT / "tests" / "fixtures" / "lightonocr-tiny" / "images" / "d_text_300x120.png"
     code, out, err = run("transcribe", png, "--model", MODEL / "text.gguf", "--mmproj", MODEL / "mmproj.gguf",
@@ -354,6 +361,28 @@ def test_out_of_memory_is_its_own_exit_code(monkeypatch, capsys):
     assert cli.main(["inspect"]) == ExitCode.OUT_OF_RESOURCES == 71
     err = capsys.readouterr().err
     assert err.startswith("error: out of memory") and len(err.splitlines()) == 1
+
+
+def test_a_thread_that_cannot_start_is_out_of_resources_not_a_bug(monkeypatch, capsys, tmp_path):
+    """Under ulimit -v (or -u) a stage thread cannot start: Python says RuntimeError, which was an
+    'internal error' (70); it is the machine's limit, exit 71 like a MemoryError."""
+    import threading
+
+    from pantheon_ocr import cli
+
+    start = threading.Thread.start
+
+    def no_stage_thread(self):
+        if self.name.startswith("pantheon-"):
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_stage_thread)
+    code = cli.main(["transcribe", str(DOCS / "text-1page.pdf"), "--model", str(MODEL), "-o", str(tmp_path),
+                     "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.OUT_OF_RESOURCES == 71, err
+    assert err.splitlines()[-1].startswith("error: cannot start a thread: out of memory") and "internal" not in err
 
 
 def test_v_after_the_command_is_the_same_switch(tmp_path):

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import ModelError, UsageError
+from ..errors import ModelError, OptionError, UsageError
 from ..options import SamplingOptions
 from .options import table_options
 
@@ -33,7 +33,12 @@ def inspect(model: str | None, as_json: bool) -> None:
         info = describe(model)  # one file (a missing one, a FIFO, a device: says so, exit 3)
         click.echo(json.dumps(info, indent=2) if as_json else "\n".join(_described(info)))
         return
-    text, mmproj = resolve_model(model, None)
+    try:
+        text, mmproj = resolve_model(model, None)
+    except OptionError as e:  # said of --model, which inspect takes as its argument
+        if e.option != "model":
+            raise
+        raise OptionError(None, f"{e.value if e.value is not None else model or 'the bundled reader'}: {e.problem}") from None
     infos = {"text": describe(str(text)), "mmproj": describe(str(mmproj))}
     try:
         check_pair(text, mmproj)

@@ -23,6 +23,7 @@ BenchInterrupted with the configurations that finished before it (the one under 
 Per-page seconds are as the pipeline records them: render in a worker process, vision on the
 vision thread, prefill on the CPU thread, decode = wall time of the batched steps the page took
 part in (shared with the other pages of the batch, so they do not add up across pages).
+`pages_per_min` counts the pages read (a page that failed, in a moment, is no throughput).
 `busy_s` is how long each stage kept its thread busy over the whole run (render: summed over
 pages, in the worker processes). `decode_tok_s` (summary) = generated tokens / decode busy time.
 `max_decode_gap_s` is the longest the running pages waited between two decode steps (a page's
@@ -256,7 +257,7 @@ def run_config(opts: dict, config: dict) -> dict:
             "pages_failed": sum(p["error"] is not None for p in page_rows),
             "tokens": summary.tokens,
             "wall_s": wall,
-            "pages_per_min": 60 * n_pages / wall if wall else 0.0,
+            "pages_per_min": 60 * len(ok) / wall if wall else 0.0,  # read pages: a failed one is no throughput
             "tokens_per_s": summary.tokens / wall if wall else 0.0,
             "decode_tok_s": engine.decode_tokens / engine.busy["decode"] if engine.busy["decode"] else 0.0,
             "mean_batch": engine.decode_tokens / engine.decode_steps if engine.decode_steps else 0.0,

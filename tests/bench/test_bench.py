@@ -282,6 +282,19 @@ def test_bench_pages_repeats_report_the_median_run(tmp_path):
     assert len(walls) == 3 and r["summary"]["wall_s"] == sorted(walls)[1]
 
 
+def test_a_page_that_fails_is_no_throughput(tmp_path):
+    """A 1x1 image fails in a moment: counted in pages/min, it made a failing run look fast."""
+    from PIL import Image
+
+    pdf = synthetic_pdf(tmp_path / "good.pdf", 1)
+    Image.new("RGB", (1, 1), "white").save(tmp_path / "dot.png")
+    opts = PageBenchOptions(model=TEXT, mmproj=MMPROJ, inputs=(str(pdf), str(tmp_path / "dot.png")), max_tokens=2,
+                            ignore_eos=True, longest_edge=112, render_workers=1)
+    (r,) = bench_pages(opts, expand_configs(batch_sizes=(2,)), isolate=False)
+    s = r["summary"]
+    assert s["pages_failed"] == 1 and s["pages_per_min"] == pytest.approx(60 * 1 / s["wall_s"])
+
+
 def test_bench_pages_reports_a_failed_document(tmp_path):
     pdf = synthetic_pdf(tmp_path / "good.pdf", 1)
     bad, other = tmp_path / "bad.pdf", tmp_path / "sub" / "bad.pdf"  # named by path: not one line for both

@@ -258,10 +258,11 @@ class EngineFactory:
     reference (module `fake_engine`), so Ray workers build their own."""
 
     def __init__(self, n_tokens: int | None = None, step_sleep: float = 0.0, loops=(), fail_vision=(), on_step=None,
-                 slow_restart: float = 0.0):
+                 slow_restart: float = 0.0, kills=()):
         self.n_tokens, self.step_sleep, self.loops = n_tokens, step_sleep, loops
         self.fail_vision, self.on_step = fail_vision, on_step
         self.slow_restart = slow_restart  # seconds a worker started after DieOnce's death takes to build
+        self.kills = {tuple(p) for p in kills}  # (doc, page): its vision kills the process, every time
 
     def __call__(self) -> tuple[SamplingEngine, list[str]]:
         if self.slow_restart and isinstance(self.on_step, DieOnce) and os.path.exists(self.on_step.marker):
@@ -269,6 +270,9 @@ class EngineFactory:
         kw = {} if self.n_tokens is None else {"n_tokens": lambda f, n=self.n_tokens: n}
         engine = SamplingEngine(loops=self.loops, fail_vision=self.fail_vision, step_sleep=self.step_sleep,
                                 on_step=self.on_step, **kw)
+        if self.kills:
+            fails = engine.fail_vision
+            engine.fail_vision = lambda f: os._exit(9) if (f.doc, f.page) in self.kills else fails(f)
         return engine, []
 
 

@@ -121,7 +121,7 @@ class RayExecutor:
         if self.actors:
             return
         n = self._how_many(ray)
-        actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=2, max_task_retries=0)(PageWorker)
+        actor_cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=MAX_RESTARTS, max_task_retries=0)(PageWorker)
         self.actors = [actor_cls.remote(self.engine_factory) for _ in range(n)]
         try:
             placed = ray.get([a.where.remote() for a in self.actors])  # once the engines are built
@@ -189,56 +189,48 @@ class RayExecutor:
             else:
                 runnable.append(t)
         chunks = deque((runnable[i:i + self.chunk_pages], 0) for i in range(0, len(runnable), self.chunk_pages))
-        inflight: dict[Any, tuple[int, list[PageTask], int]] = {}
-        load = [0] * len(self.actors)
-        lost = [0] * len(self.actors)  # calls lost with the worker: past its restarts it is dead
-        waits = [0] * len(self.actors)  # calls in a row it answered "restarting"
-        resting = [0.0] * len(self.actors)  # a restarting worker is sent nothing before this time
-        last = ""
+        inflight: dict[Any, tuple[int, list[PageTask], int, int]] = {}  # ref -> (worker, chunk, tries, sent)
+        workers, sent, last = _Workers(self.actors), 0, ""
         try:
             while chunks or inflight:
-                live = [i for i in range(len(self.actors)) if lost[i] <= MAX_LOST]
-                if not live:  # the cluster went (ray stop, its nodes down): try again later
+                if not workers.live():  # the cluster went (ray stop, its nodes down): try again later
                     raise NetworkError("the Ray cluster", f"every worker died ({len(self.actors)}; the last said: {last}); "
                                                           "the pages not read stay pending for the next run")
-                up = [i for i in live if resting[i] <= time.monotonic()]
-                if not up and not inflight:  # every worker restarting: wait for the first back
-                    time.sleep(max(0.0, min(resting[i] for i in live) - time.monotonic()))
-                    continue
-                while chunks and up and min(load[i] for i in up) < self.in_flight:
-                    i = min(up, key=lambda j: load[j])
+                workers.probe_the_lost()
+                up = workers.up()
+                while chunks and up and min(workers.load[i] for i in up) < self.in_flight:
+                    i = min(up, key=lambda j: workers.load[j])
                     chunk, tries = chunks.popleft()
                     items = [(t.doc.doc_id, t.doc.kind, str(t.doc.rel), t.doc.path.name, t.page_index, t.n_pages, t.sampling)
                              for t in chunk]
                     ref = self.actors[i].run.remote(items, {d: blobs[d] for d in {t.doc.doc_id for t in chunk}}, options)
-                    inflight[ref] = (i, chunk, tries)
-                    load[i] += 1
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.5)  # short: Ctrl-C stays prompt
+                    inflight[ref], sent = (i, chunk, tries, sent), sent + 1
+                    workers.load[i] += 1
+                waiting = [*inflight, *workers.probes]
+                if not waiting:  # every worker down, each probe due later: wait for the first
+                    time.sleep(workers.next_probe_in())
+                    continue
+                ready, _ = ray.wait(waiting, num_returns=1, timeout=0.5)  # short: Ctrl-C stays prompt
                 for ref in ready:
-                    i, chunk, tries = inflight.pop(ref)
-                    load[i] -= 1
+                    if ref in workers.probes:
+                        workers.probed(ray, ref)
+                        continue
+                    i, chunk, tries, when = inflight.pop(ref)
+                    workers.load[i] -= 1
                     try:
                         results = self._results(ray, ref, chunk, docs)
                     except _WorkerLost as e:
                         # the worker, not the pages: the chunk goes again, its attempt and sampling
-                        # unchanged (same text as if nothing happened); a chunk that keeps losing
-                        # its worker fails as pages do. A worker Ray is restarting has lost no
-                        # call of its own: its chunk waits (on a busy node a restart takes seconds,
-                        # and the chunk sent back at once met "restarting" until its tries were
-                        # spent, its pages failed as an attempt each and read again hotter)
-                        if e.restarting and waits[i] < RESTART_WAITS:
-                            waits[i] += 1
-                            resting[i] = time.monotonic() + RESTART_PAUSE
-                            chunks.appendleft((chunk, tries))
-                            continue
-                        lost[i] += 1
+                        # unchanged (same text as if nothing happened). The call the worker was
+                        # running is charged a try (a chunk that keeps killing its worker fails as
+                        # pages do), not one only queued behind it
                         last = str(e)
-                        if tries + 1 < CHUNK_TRIES:
-                            chunks.appendleft((chunk, tries + 1))
+                        charged = workers.lost_call(i, when, [w for j, _, _, w in inflight.values() if j == i])
+                        if not charged or tries + 1 < CHUNK_TRIES:
+                            chunks.appendleft((chunk, tries + 1 if charged else tries))
                             continue
                         results = [PageResult(t.doc, t.page, "", 0, None, f"Ray worker failed {CHUNK_TRIES} times "
                                                                           f"on it: {e}") for t in chunk]
-                    waits[i] = 0
                     for result in results:
                         emit(result)
         except KeyboardInterrupt:
@@ -255,9 +247,7 @@ class RayExecutor:
         except ray.exceptions.RayTaskError as e:  # the call raised in the worker: a bug, the chunk's pages fail
             reason = f"Ray worker failed: {_said(e)}"
             return [PageResult(t.doc, t.page, "", 0, None, reason) for t in chunk]
-        except ray.exceptions.ActorUnavailableError as e:  # restarting, or out of reach for now
-            raise _WorkerLost(_said(e), restarting=True) from None
-        except ray.exceptions.RayError as e:  # died, its node or the object gone
+        except ray.exceptions.RayError as e:  # died, restarting, its node or the object gone
             raise _WorkerLost(_said(e)) from None
         got = {(r["doc_id"], r["page"]): r for r in rows}
         out = []
@@ -282,6 +272,7 @@ class RayExecutor:
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
+            _sweep_caches()  # a worker dead for good (its restarts spent) left its copies on this node
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
@@ -301,18 +292,71 @@ def _sweep_caches() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-MAX_LOST = 3  # calls a worker may lose (its restarts, max_restarts=2, and one more) before it counts as dead
+MAX_RESTARTS = 2  # Ray restarts a worker that died this many times (max_restarts)
+MAX_LOST = 3  # times a worker may be lost (its restarts, and one more) before it counts as dead
 CHUNK_TRIES = 3  # times a chunk is sent again after losing its worker before its pages fail
-RESTART_PAUSE = 1.0  # seconds a worker that said "restarting" is left alone
-RESTART_WAITS = 120  # "restarting" answers in a row (about 2 minutes) before one counts as a lost call
+PROBE_PAUSE = 1.0  # seconds between asking a lost worker whether it is back
+PROBE_TRIES = 120  # answers of "restarting" (about 2 minutes) before a lost worker counts as dead
 
 
 class _WorkerLost(Exception):
     """A chunk's worker died (or was restarting, or its node went): not the pages' failure."""
 
-    def __init__(self, said: str, restarting: bool = False):
-        super().__init__(said)
-        self.restarting = restarting  # Ray is bringing it back: no call of its own was lost
+
+class _Workers:
+    """What the driver knows of its workers: the calls each has in flight (`load`), and the ones
+    lost. A worker that loses a call is down: Ray restarts it, and it is sent nothing until a probe
+    (`where`) answers. Chunks sent back at once to a worker still restarting met "restarting"
+    until their tries were spent, their pages failed as an attempt each and read again hotter
+    (on a busy node a restart takes seconds)."""
+
+    def __init__(self, actors: list):
+        n = len(actors)
+        self.actors, self.load, self.lost = actors, [0] * n, [0] * n
+        self.down = [False] * n
+        self.culprit: list[int | None] = [None] * n  # the call it was running when it went (sent order)
+        self.probes: dict[Any, int] = {}  # probe ref -> worker
+        self.probing, self.next_probe, self.probe_answers = [False] * n, [0.0] * n, [0] * n
+
+    def live(self) -> list[int]:
+        return [i for i in range(len(self.actors)) if self.lost[i] <= MAX_LOST]
+
+    def up(self) -> list[int]:
+        return [i for i in self.live() if not self.down[i]]
+
+    def lost_call(self, i: int, sent: int, others: list[int]) -> bool:
+        """Worker i lost the call sent `sent`-th (`others`: its calls still in flight); whether the
+        call is charged a try: the one it was running (its oldest: an actor runs calls in order),
+        not those queued behind it."""
+        if not self.down[i]:
+            self.down[i], self.lost[i], self.probe_answers[i] = True, self.lost[i] + 1, 0
+            self.culprit[i], self.next_probe[i] = min([sent, *others]), 0.0
+        return sent == self.culprit[i]
+
+    def probe_the_lost(self) -> None:
+        now = time.monotonic()
+        for i in self.live():
+            if self.down[i] and not self.probing[i] and self.next_probe[i] <= now:
+                self.probes[self.actors[i].where.remote()], self.probing[i] = i, True
+
+    def next_probe_in(self) -> float:
+        due = [self.next_probe[i] for i in self.live() if self.down[i] and not self.probing[i]]
+        return max(0.0, min(due, default=time.monotonic() + PROBE_PAUSE) - time.monotonic())
+
+    def probed(self, ray, ref) -> None:
+        i = self.probes.pop(ref)
+        self.probing[i] = False
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError:
+            # restarting still (a probe sent as it went may say "died" too): ask again in a while;
+            # past its restarts, or after PROBE_TRIES answers, it is dead for good
+            self.probe_answers[i] += 1
+            self.next_probe[i] = time.monotonic() + PROBE_PAUSE
+            if self.lost[i] > MAX_RESTARTS or self.probe_answers[i] >= PROBE_TRIES:
+                self.lost[i] = MAX_LOST + 1
+            return
+        self.down[i], self.culprit[i] = False, None
 
 
 def _said(e: BaseException) -> str:

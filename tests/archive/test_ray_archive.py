@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,34 @@ def test_same_job_on_ray_as_on_one_machine(tmp_path, local_ray):
     assert again.summary["documents"] == {"unchanged": 2, "skipped (unreadable)": 1, "changed": 1, "written": 1}
     assert again.summary["pages"]["attempted"] == 3 and again.exit_code == ExitCode.OK
     check_outputs(tmp_path / "ray" / "out", {"a.md": (1, 5), "c.md": (4, 3)})
+
+
+def test_a_page_that_kills_its_worker_every_time_fails_and_the_night_goes_on(tmp_path, local_ray):
+    """A page whose reading kills the worker each time (the OOM killer on one huge scan) is
+    charged a try per death, the chunk behind it in the worker's queue none: after three its
+    pages fail, as a page does, and the other documents are read. A worker Ray is restarting is
+    sent nothing until it answers, so no try goes on 'restarting'."""
+    make_inputs(tmp_path)
+    job = write_job(tmp_path, ocr={"batch_size": 2, "formats": ["md", "jsonl"]}, retry={"attempts": 1})
+    executor = RayExecutor(EngineFactory(kills=[(2, 2)]), workers=2, chunk_pages=1)
+    result = run_job(load_job(job), executor=executor)
+    poisoned = [f for f in result.summary["failures"] if f.get("page") == 2 and f["path"].endswith("b.pdf")]
+    assert len(poisoned) == 1 and "Ray worker failed 3 times on it" in poisoned[0]["reason"], result.summary["failures"]
+    check_outputs(tmp_path / "out", {"a.md": (1, 5), "c.md": (3, 2)})
+    assert md_pages(md_body(tmp_path / "out" / "b.md"))[1][1].startswith("<!-- page 2 failed: Ray worker failed 3 times")
+    # a worker killed at the end (restarting then, its shutdown not heard) leaves its copies to the
+    # next worker on the node, as one dead for good does: not to the next test's count
+    import tempfile
+
+    from pantheon_ocr.archive.ray import CACHE_PREFIX, _sweep_caches
+    from pantheon_ocr.archive.sqlite import pid_alive
+
+    for _ in range(100):
+        left = [p.name for p in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*-*")]
+        if not any(pid_alive(int(name[len(CACHE_PREFIX):].split("-")[0])) for name in left):
+            break
+        time.sleep(0.1)
+    _sweep_caches()
 
 
 def test_pipeline_script(tmp_path, local_ray, monkeypatch, capsys):

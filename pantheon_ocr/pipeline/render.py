@@ -73,21 +73,34 @@ def open_pages(doc: Document, password: str | None = None) -> PageCount:
     return PageCount(n, f"an animated image: only its first frame of {frames} is read" if frames > 1 else "")
 
 
+MISSING_RUN = 256  # pages in a row not found in a PDF's page tree: it ends before them (_pdf_pages)
+
+
 def _pdf_pages(doc: Document, pdf) -> PageCount:
     """The pages of the PDF's page tree. The count a PDF declares (/Count, what PDFium's page
     count says) can be more than its tree holds: a damaged or hostile 1-page file declaring a
     million pages was read as a million failed pages (a night's archive job, a 75 MB Markdown).
-    Pages past the last one found are not there, and a note says so; a page that cannot be found
-    before it is still a page (it fails as one, damaged). Finding a page reads its dictionary,
-    not its contents, and a page that is not there is a lookup in PDFium's list of them. A file
-    that cannot be read through is the system's failure (PDFium reads lazily): then nothing is
-    decided about its pages."""
+    Where the last declared page is not there, the pages are counted from the first: the tree
+    ends after the last page found before MISSING_RUN pages in a row are not; a page not found
+    before that is still a page (it fails as one, damaged), and a note says what was declared.
+    Finding a page reads its dictionary, not its contents: a page found is a lookup in PDFium's
+    list, a page not there a walk of the tree, so the count costs MISSING_RUN walks, not one per
+    page declared. A file that cannot be read through is the system's failure (PDFium reads
+    lazily): then nothing is decided about its pages."""
     import pypdfium2.raw as pdfium_c
 
     declared, size = len(pdf), pdfium_c.FS_SIZEF()
-    found = declared
-    while found > 0 and not pdfium_c.FPDF_GetPageSizeByIndexF(pdf.raw, found - 1, size):
-        found -= 1
+
+    def there(index: int) -> bool:
+        return bool(pdfium_c.FPDF_GetPageSizeByIndexF(pdf.raw, index, size))
+
+    if there(declared - 1):
+        return PageCount(declared)
+    found = index = 0
+    while index < declared and index - found < MISSING_RUN:
+        found, index = (index + 1 if there(index) else found), index + 1
+    while found < declared and there(found):  # PDFium finds some pages at the second asking only
+        found += 1
     if found == declared:
         return PageCount(declared)
     error = _read_error(doc)

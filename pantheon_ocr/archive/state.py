@@ -110,8 +110,10 @@ def _check_sqlite(path: Path, job: object | None) -> None:
     try:
         with open(path, "rb") as f:
             head = f.read(len(SQLITE_HEADER))
-    except OSError as e:
-        raise JobError(f"{path_text(path)}: cannot read the job state: {e.strerror or e}") from None
+    except OSError as e:  # permission, EIO: the system's, as SQLite's own are (sqlite.translate)
+        raise WriteError(f"{path_text(path)}: cannot read the job state: {e.strerror or e}") from None
+    if not head.strip(b"\x00") or SQLITE_HEADER.startswith(head.rstrip(b"\x00")[:6]):
+        return  # zeroed or half a header: a damaged state, which SQLite's open says as such
     if head != SQLITE_HEADER:
         raise JobError(f"{path_text(path)}: not a job state: not an SQLite database ({_said_head(head)}); it was "
                        "left untouched: point `state =` in the job file at another file (a job state whose first "
@@ -119,7 +121,7 @@ def _check_sqlite(path: Path, job: object | None) -> None:
 
 
 def _said_head(head: bytes) -> str:
-    shown = head.split(b"\n")[0][:12].decode("ascii", "replace")
+    shown = head.splitlines()[0][:12].decode("ascii", "replace") if head.strip() else ""
     return f"it begins {shown!r}" if shown.isprintable() and shown.strip() else "its first bytes are another format's"
 
 
@@ -155,14 +157,14 @@ class JobState(MetaMixin, RunsMixin):
                            "point `state =` in the job file at a file")
         if st is not None and st.st_size == 0:
             raise StateDamaged(f"{path_text(path)}: the job state is empty (0 bytes); {advice(job)}")
-        if st is not None:
-            _check_sqlite(path, job)
         if st is not None and create_new:  # a run: said before SQLite opens it, which would leave
             # -wal and -shm beside it as read-only as the file, failing the run after it is fixed
             for p in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
                 if os.path.exists(p) and not os.access(p, os.W_OK):
                     raise WriteError(f"{path_text(p)}: the job state cannot be written (permission denied or a "
                                      "read-only file system): a run records every page in it; make it writable")
+        if st is not None:
+            _check_sqlite(path, job)
         if create_new:
             remove_stale_temps(path)
         try:

@@ -112,6 +112,20 @@ def test_a_file_that_is_no_database_is_never_called_damaged_nor_set_aside(tmp_pa
     assert [p.name for p in (tmp_path / "in").iterdir()] == ["a.pdf"]
 
 
+def test_a_state_whose_first_page_was_zeroed_is_damaged_and_rebuilt(tmp_path):
+    """Zeroed blocks are what a disk's damage leaves: such a state is damaged (rebuilt), not
+    refused as another format's file."""
+    job = done_job(tmp_path)
+    sql(job, "PRAGMA wal_checkpoint(TRUNCATE)")
+    state = tmp_path / "job.sqlite"
+    data = bytearray(state.read_bytes())
+    data[:4096] = bytes(4096)
+    state.write_bytes(bytes(data))
+    one_error(job, "status", ExitCode.BAD_ARGUMENTS, str(state), "damaged", "--rebuild-state")
+    rc, lines = cli("archive", "run", str(job), "--no-progress", "--rebuild-state")
+    assert rc == ExitCode.OK and any("set aside as" in line for line in lines), lines
+
+
 def test_undecodable_text_is_damage_naming_the_file_and_the_way_out(tmp_path):
     job = done_job(tmp_path)
     sql(job, "UPDATE documents SET rel = CAST(x'ff41' AS TEXT) WHERE id = 1")  # what a flipped byte does

@@ -167,7 +167,7 @@ def _main(args: list[str], verbose: bool) -> int:
         if verbose:
             traceback.print_exc()
         click.echo("error: cannot start a thread: out of memory (a limit such as ulimit -v), or at the limit of "
-                   "processes and threads (ulimit -u); try fewer --render-workers", err=True)
+                   "processes and threads (ulimit -u); try fewer render workers", err=True)
         return ExitCode.OUT_OF_RESOURCES
     except OSError as exc:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):

@@ -1,7 +1,7 @@
 """One training sample: a text line drawn in a face, cropped as the page segmenter crops lines,
 degraded like a print or a scan, and scaled to the reader's line height.
 
-The crop follows `pantheon_ocr.pipeline.segment`: the ink box of the line, padded, scaled so its
+The crop follows `pantheon_ocr.pipeline.pieces` (a line the segmenter found): the ink box of the line, padded, scaled so its
 height is the line height, width rounded up to a multiple of the patch size. Padding, scale,
 neighbouring-line fragments, blur, noise, JPEG and resampling are drawn at random so the reader
 sees every crop the segmenter can make from real pages.

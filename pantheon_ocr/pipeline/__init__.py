@@ -6,7 +6,11 @@
     run.py           the recipe: plan -> render -> vision stage -> CPU stage -> write
     stages.py        the stage threads (render feeder, vision, CPU) and their bounded queues
     segment.py       a page image -> text regions in reading order (for line and block readers)
+    pieces.py        a line too wide for the reader cut into pieces, their texts joined again
+    ink.py           ink masks, grounds, blank runs: what segment.py and pieces.py measure
     regions.py       any page engine reading each region as its own sequence
     types.py         the contract with the engine and the callers: tasks, results, options
+    naming.py        where a document's outputs go, and the source record they carry
+    claims.py        those names settled against the output folder; which documents are done
     outputs.py       atomic writers: Markdown per document, per-page files, JSONL
 """

@@ -1,4 +1,4 @@
-"""Where a document's outputs go, and whose outputs a file already there holds.
+"""Where a document's outputs go, and the record of their source that they carry.
 
 A document found as `<rel>` (its path relative to the folder or glob base it came from, or just
 its name when given directly) is written to `<out>/<rel without suffix>.<fmt>`, so folder

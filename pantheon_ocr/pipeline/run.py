@@ -231,7 +231,8 @@ class _Run:
                 if claim.failed_before and not opts.overwrite:
                     again[doc.doc_id] = claim.failed_before
                     # a document is read by one model, not two; outputs that name none (an archive
-                    # job's, an older version's) may be another's, and are read again whole too
+                    # job's, an older version's) may be another's, and are read again whole too,
+                    # where this engine names its model (an engine that names none keeps them)
                     if claim.model_before != model:
                         other_model[doc.doc_id] = claim.model_before
                     elif self.write_outputs and claim.keeps:  # the pages that did not fail stay as they were written

@@ -66,7 +66,7 @@ def _uses(imported: str, target: str) -> bool:
 def test_the_walk_sees_the_modules_and_their_lazy_imports():
     assert "pantheon_ocr.engine.models.llama" in MODULES and "pantheon_ocr.pipeline.run" in MODULES
     # a function-level import (the render workers' clean-up) and a relative `from . import x`
-    assert "pantheon_ocr.pipeline.render" in GRAPH["pantheon_ocr.pipeline.render_pool"]
+    assert "pantheon_ocr.pipeline.pdf" in GRAPH["pantheon_ocr.pipeline.render_pool"]
     assert "click" in GRAPH["pantheon_ocr.cli"]
 
 

@@ -1,7 +1,9 @@
 """The page pipeline, a library that knows no command line:
 
     inputs.py        files, folders, globs -> documents; page selections
-    render.py        documents -> page images (PDFium, PIL), run in worker processes
+    render.py        documents -> page images (PDFium, PIL), run in worker processes; images here
+    pdf.py           PDFs: the open document, its page tree, a page rendered, its text layer
+    pagefile.py      what both share: the page count, the fitted size, a regular file
     render_pool.py   the crash-proof worker processes
     run.py           the recipe: plan -> render -> vision stage -> CPU stage -> write
     stages.py        the stage threads (render feeder, vision, CPU) and their bounded queues

@@ -27,7 +27,7 @@ import re
 import unicodedata
 
 from .letter_pairs import MOST_CHARS, gibberish
-from .render import SIDEWAYS, text_layer, text_layer_and_cover
+from .pdf import SIDEWAYS, text_layer, text_layer_and_cover
 from .render_pool import RenderPool
 from .types import TEXT_LAYER, PageResult, PageTask
 

@@ -70,7 +70,7 @@ def default_start_method() -> str:
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from . import render  # for clear_pdf_cache; the task functions import what they need
+    from . import pdf  # for clear_pdf_cache; the task functions import what they need
 
     # C libraries print to stderr of their own accord (libtiff's "TIFFAdvanceDirectory: ...
     # tempfile.tif: Error fetching directory count." for a TIFF cut short): the page's reason says
@@ -107,7 +107,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     except OSError:
         pass  # the parent is gone (killed: BrokenPipeError): end quietly, no traceback in the cron mail
     finally:
-        render.clear_pdf_cache()
+        pdf.clear_pdf_cache()
 
 
 class _Worker:

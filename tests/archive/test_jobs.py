@@ -193,12 +193,12 @@ def test_a_document_whose_read_failed_is_opened_again_next_night(tmp_path, monke
     someone passed --retry-failed. It is opened again the next night; a damaged one is not."""
     import errno
 
-    from pantheon_ocr.pipeline import render, render_pool
+    from pantheon_ocr.pipeline import pdf as pipeline_pdf, render_pool
 
     pdf(tmp_path / "in", "a.pdf", 2, 1)
     pdf(tmp_path / "in", "b.pdf", 3, 2)
     shutil.copy(SAMPLES / "bad" / "corrupt.pdf", tmp_path / "in" / "corrupt.pdf")
-    real_open = render._open_pdf
+    real_open = pipeline_pdf._open_pdf
 
     def failing_open(pdfium, path, password):
         if path.name == "b.pdf":
@@ -207,7 +207,7 @@ def test_a_document_whose_read_failed_is_opened_again_next_night(tmp_path, monke
 
     # forked workers inherit the failing open (a forkserver's would start from the real module)
     monkeypatch.setattr(render_pool, "default_start_method", lambda: "fork")
-    monkeypatch.setattr(render, "_open_pdf", failing_open)
+    monkeypatch.setattr(pipeline_pdf, "_open_pdf", failing_open)
     job = write_job(tmp_path)
     result = run(job)
     assert result.exit_code == ExitCode.PAGES_FAILED
@@ -216,7 +216,7 @@ def test_a_document_whose_read_failed_is_opened_again_next_night(tmp_path, monke
                                 "tried again next run)",
                        "corrupt.pdf": "the PDF is damaged or truncated and cannot be opened"}
     check_outputs(tmp_path / "out", {"a.md": (1, 2)})
-    monkeypatch.setattr(render, "_open_pdf", real_open)  # the disk is back
+    monkeypatch.setattr(pipeline_pdf, "_open_pdf", real_open)  # the disk is back
     result = run(job)
     assert result.summary["documents"] == {"unchanged": 1, "opened again": 1, "written": 1, "skipped (unreadable)": 1}
     assert result.exit_code == ExitCode.OK

@@ -403,7 +403,7 @@ def test_prefer_reads_turned_pages_in_order_and_sideways_text_by_ocr(tmp_path):
     # as a failed page's stand-in it is read with the page's own /Rotate: its lines in order
     # (PDFium glues some of them, as it does for any sideways text), not bottom to top
     from pantheon_ocr.pipeline.inputs import make_document
-    from pantheon_ocr.pipeline.render import text_layer
+    from pantheon_ocr.pipeline.pdf import text_layer
 
     stand_in = text_layer(make_document(tmp_path / "in" / "sideways.pdf"), 0)
     assert [stand_in.index(w) for w in ("Region", "Units", "Change", "Notes")] == sorted(

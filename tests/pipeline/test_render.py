@@ -175,9 +175,9 @@ def test_a_pdf_declaring_more_pages_than_its_page_tree_holds_is_the_pages_it_hol
     for count, note in ((3, ""), (5, "the PDF declares 5 pages, but its page tree ends after page 3: pages 4-5 are not there")):
         (tmp_path / f"quirk{count}.pdf").write_bytes(declaring(quirk, count))
         assert open_pages(make_document(tmp_path / f"quirk{count}.pdf")) == PageCount(3, note)
-    from pantheon_ocr.pipeline import render
+    from pantheon_ocr.pipeline import pdf as pipeline_pdf
 
-    render.clear_pdf_cache()
+    pipeline_pdf.clear_pdf_cache()
 
 
 def test_a_pdf_whose_pages_cannot_be_found_while_its_file_cannot_be_read_is_not_cut_short(tmp_path, monkeypatch):
@@ -187,7 +187,7 @@ def test_a_pdf_whose_pages_cannot_be_found_while_its_file_cannot_be_read_is_not_
     import errno
 
     from fake_engine import marked_pdf
-    from pantheon_ocr.pipeline import render
+    from pantheon_ocr.pipeline import pdf as pipeline_pdf
 
     path = tmp_path / "a.pdf"
     path.write_bytes(declaring(marked_pdf(2), 5))
@@ -204,7 +204,7 @@ def test_a_pdf_whose_pages_cannot_be_found_while_its_file_cannot_be_read_is_not_
     assert not failed.value.lasting and failed.value.page is None
     monkeypatch.undo()
     assert open_pages(make_document(path)).n == 2
-    render.clear_pdf_cache()
+    pipeline_pdf.clear_pdf_cache()
 
 
 @pytest.mark.parametrize("fmt", ["GIF", "WEBP", "PNG"])
@@ -611,7 +611,7 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
 
     import pypdfium2 as pdfium
 
-    from pantheon_ocr.pipeline import render
+    from pantheon_ocr.pipeline import pdf as pipeline_pdf
 
     path = tmp_path / "a.pdf"
     path.write_bytes((SAMPLES / "docs" / "report-3pages.pdf").read_bytes())
@@ -634,7 +634,7 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     with pytest.raises(InputError, match="page 1: cannot read file: Input/output error$") as failed:
         render_page(doc, 0)
     assert not failed.value.lasting and failed.value.page == 1
-    assert render._pdf_cache["pdf"][0] is None  # stale: the next try closes it and opens the file again
+    assert pipeline_pdf._pdf_cache["pdf"][0] is None  # stale: the next try closes it and opens the file again
     monkeypatch.setattr(builtins, "open", real_open)  # the disk is back: the pages' own damage
     for page in (0, 1, 2):
         with pytest.raises(InputError, match="damaged page object") as damaged:
@@ -655,15 +655,15 @@ def test_a_pdf_page_that_fails_while_the_file_cannot_be_read_is_not_the_files_la
     assert render_page(doc, 0).size[0] > 0
     # Close the cached document here: left open, pypdfium2 closes it at the test process's exit
     # and says so on stderr, at the end of every CI run.
-    render.clear_pdf_cache()
+    pipeline_pdf.clear_pdf_cache()
 
 
 def test_a_pdf_that_pdfium_cannot_load_is_the_files_fault_only_when_its_bytes_say_so(tmp_path):
     """PDFium reads the file itself, so a read the system failed reaches us as a load failure:
     the bytes read here tell a damaged PDF (lasting) from a read that failed (not lasting)."""
-    from pantheon_ocr.pipeline import render
+    from pantheon_ocr.pipeline import pdf as pipeline_pdf
 
-    assert render._pdf_problem(SAMPLES / "bad" / "corrupt.pdf", None, None) == (
+    assert pipeline_pdf._pdf_problem(SAMPLES / "bad" / "corrupt.pdf", None, None) == (
         "the PDF is damaged or truncated and cannot be opened", True)
-    problem, lasting = render._pdf_problem(tmp_path / "gone.pdf", None, None)
+    problem, lasting = pipeline_pdf._pdf_problem(tmp_path / "gone.pdf", None, None)
     assert problem.startswith("cannot read file: ") and not lasting

@@ -2,9 +2,9 @@
 (render, segment into lines, read, join), with greedy decoding; and a blank page reads as empty.
 
 The bounds are the measured character error rates with some room (measured when the reader
-shipped, stretch 14: 0.003 and 0.003 on the sentences in Helvetica and Helvetica-Bold, 0.006 on the
-1-bit scan, 0.007 on text-1page.pdf, 0.000-0.021 on the sentences of each language, 0.009 on the
-two-column page, 0.000 on the light-on-dark slide, 0.006 on the page with a photograph; the model
+shipped, stretch 15: 0.009 and 0.003 on the sentences in Helvetica and Helvetica-Bold, 0.009 on the
+1-bit scan, 0.004 on text-1page.pdf, 0.000-0.011 on the sentences of each language, 0.003 on the
+two-column page, 0.000 on the light-on-dark slide, 0.009 on the page with a photograph; the model
 card has the rest); greedy decoding makes every run give the
 same text, so a regression shows at once.
 """
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(bundled_reader() is None, reason="this install h
 
 # Bounds: the measured CER of the shipped reader with some room (the measured figures are in the
 # model card and in the comments of each test).
-LANGUAGE_BOUND = 0.10  # measured at most 0.021 (it)
-COLUMN_BOUND = 0.12  # measured 0.009
+LANGUAGE_BOUND = 0.10  # measured at most 0.011 (fr)
+COLUMN_BOUND = 0.12  # measured 0.003
 DARK_BOUND = 0.08  # measured 0.000
 
 # Written for this test: not in the training corpus, and no generator makes them.
@@ -74,7 +74,7 @@ def test_reads_sentences_it_never_saw(engine, tmp_path, font):
     (text,) = read(engine, pdf, tmp_path)
     assert len([line for line in text.splitlines() if line.strip()]) == len(SENTENCES)
     rates = error_rates([("\n".join(SENTENCES), text)])
-    assert rates["cer"] <= 0.06, (rates, text)  # measured 0.003 and 0.003
+    assert rates["cer"] <= 0.06, (rates, text)  # measured 0.009 and 0.003
 
 
 def test_blank_page_reads_empty(engine, tmp_path):
@@ -97,7 +97,7 @@ def test_a_one_bit_scan_is_read_not_blank(engine, tmp_path):
     (text,) = read(engine, path, tmp_path)
     assert len([line for line in text.splitlines() if line.strip()]) == len(SENTENCES)
     rates = error_rates([("\n".join(SENTENCES), text)])
-    assert rates["cer"] <= 0.10, (rates, text)  # measured 0.006
+    assert rates["cer"] <= 0.10, (rates, text)  # measured 0.009
 
 
 # Written for this test in each language of the training prose (not taken from any corpus; Latin-1
@@ -185,7 +185,7 @@ def test_sample_page_against_its_text_layer(engine, tmp_path):
     layer = pdfium.PdfDocument(str(src))[0].get_textpage().get_text_range()
     (text,) = read(engine, src, tmp_path)
     rates = error_rates([(layer, text)])
-    assert rates["cer"] <= 0.05, (rates, normalise(text))  # measured 0.007
+    assert rates["cer"] <= 0.05, (rates, normalise(text))  # measured 0.004
 
 
 def test_a_photograph_on_the_page_is_not_read_as_lines_of_symbols(engine, tmp_path, monkeypatch):
@@ -214,4 +214,4 @@ def test_a_photograph_on_the_page_is_not_read_as_lines_of_symbols(engine, tmp_pa
     (text,) = read(engine, path, tmp_path)
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == len(SENTENCES), text
-    assert error_rates([("\n".join(SENTENCES), text)])["cer"] <= 0.06, text  # measured 0.006
+    assert error_rates([("\n".join(SENTENCES), text)])["cer"] <= 0.06, text  # measured 0.009

@@ -156,28 +156,29 @@ def _main(args: list[str], verbose: bool) -> int:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
     except MemoryError:  # its message is empty: say what it is and what to try
-        if verbose:
-            traceback.print_exc()
-        click.echo("error: out of memory (a limit such as ulimit -v, or too much at once: try a smaller "
-                   "--batch-size or fewer --render-workers)", err=True)
-        return ExitCode.OUT_OF_RESOURCES
+        return _out_of_resources("out of memory (a limit such as ulimit -v, or too much at once: try a smaller "
+                                 "--batch-size or fewer --render-workers)", verbose)
     except RuntimeError as exc:
         if str(exc) != "can't start new thread":  # Python's word for pthread_create's EAGAIN
             return _internal(exc, verbose)
-        if verbose:
-            traceback.print_exc()
-        click.echo("error: cannot start a thread: out of memory (a limit such as ulimit -v), or at the limit of "
-                   "processes and threads (ulimit -u); try fewer render workers", err=True)
-        return ExitCode.OUT_OF_RESOURCES
+        return _out_of_resources("cannot start a thread: out of memory (a limit such as ulimit -v), or at the limit "
+                                 "of processes and threads (ulimit -u); try fewer render workers", verbose)
     except OSError as exc:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             return _internal(exc, verbose)
-        if verbose:
-            traceback.print_exc()
-        click.echo(f"error: too many open files: {open_files_limit(exc.errno)}", err=True)
-        return ExitCode.OUT_OF_RESOURCES
+        return _out_of_resources(f"too many open files: {open_files_limit(exc.errno)}", verbose)
     except Exception as exc:  # a bug: say so in one line unless -v
         return _internal(exc, verbose)
+
+
+def _out_of_resources(said: str, verbose: bool) -> int:
+    """A limit of the machine's (memory, threads, open files): one line (-v: the traceback), exit 71."""
+    from .errors import ExitCode
+
+    if verbose:
+        traceback.print_exc()
+    click.echo(f"error: {said}", err=True)
+    return ExitCode.OUT_OF_RESOURCES
 
 
 def _internal(exc: Exception, verbose: bool) -> int:

@@ -316,7 +316,7 @@ class _Workers:
         self.down = [False] * n
         self.culprit: list[int | None] = [None] * n  # the call it was running when it went (sent order)
         self.probes: dict[Any, int] = {}  # probe ref -> worker
-        self.probing, self.next_probe, self.probe_answers = [False] * n, [0.0] * n, [0] * n
+        self.next_probe, self.probe_answers = [0.0] * n, [0] * n
 
     def live(self) -> list[int]:
         return [i for i in range(len(self.actors)) if self.lost[i] <= MAX_LOST]
@@ -333,19 +333,23 @@ class _Workers:
             self.culprit[i], self.next_probe[i] = min([sent, *others]), 0.0
         return sent == self.culprit[i]
 
+    def _unprobed(self) -> list[int]:
+        """The live workers that are down with no probe out."""
+        probing = set(self.probes.values())
+        return [i for i in self.live() if self.down[i] and i not in probing]
+
     def probe_the_lost(self) -> None:
         now = time.monotonic()
-        for i in self.live():
-            if self.down[i] and not self.probing[i] and self.next_probe[i] <= now:
-                self.probes[self.actors[i].where.remote()], self.probing[i] = i, True
+        for i in self._unprobed():
+            if self.next_probe[i] <= now:
+                self.probes[self.actors[i].where.remote()] = i
 
     def next_probe_in(self) -> float:
-        due = [self.next_probe[i] for i in self.live() if self.down[i] and not self.probing[i]]
+        due = [self.next_probe[i] for i in self._unprobed()]
         return max(0.0, min(due, default=time.monotonic() + PROBE_PAUSE) - time.monotonic())
 
     def probed(self, ray, ref) -> None:
         i = self.probes.pop(ref)
-        self.probing[i] = False
         try:
             ray.get(ref)
         except ray.exceptions.RayError:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import JobError, WriteError, path_text
-from ..pipeline.files import special_kind
+from ..pipeline.files import open_regular, special_kind
 from ..pipeline.types import STAGES
 from .meta import MetaMixin
 from .runs import RunsMixin
@@ -108,16 +108,15 @@ def _check_sqlite(path: Path, job: object | None) -> None:
         raise JobError(f"{path_text(path)}: `state =` names the job file itself; point it at another file "
                        "(the job's state is a database of its own)")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(len(SQLITE_HEADER))
     except OSError as e:  # permission, EIO: the system's, as SQLite's own are (sqlite.translate)
         raise WriteError(f"{path_text(path)}: cannot read the job state: {e.strerror or e}") from None
     if not head.strip(b"\x00") or SQLITE_HEADER.startswith(head.rstrip(b"\x00")[:6]):
-        return  # zeroed or half a header: a damaged state, which SQLite's open says as such
-    if head != SQLITE_HEADER:
-        raise JobError(f"{path_text(path)}: not a job state: not an SQLite database ({_said_head(head)}); it was "
-                       "left untouched: point `state =` in the job file at another file (a job state whose first "
-                       "bytes were damaged: move it aside, and --rebuild-state makes a new one)")
+        return  # ours, or zeroed or half a header: a damaged state, which SQLite's open says as such
+    raise JobError(f"{path_text(path)}: not a job state: not an SQLite database ({_said_head(head)}); it was "
+                   "left untouched: point `state =` in the job file at another file (a job state whose first "
+                   "bytes were damaged: move it aside, and --rebuild-state makes a new one)")
 
 
 def _said_head(head: bytes) -> str:

@@ -265,14 +265,22 @@ class RayExecutor:
             return
         ray = import_ray()
         if self.actors:
+            shut = True
             try:
                 ray.get([a.shutdown.remote() for a in self.actors], timeout=10)
             except Exception:  # noqa: BLE001 - best effort: temp copies of inputs
-                pass
+                shut = False
             for a in self.actors:
                 ray.kill(a)
             self.actors = []
-            _sweep_caches()  # a worker dead for good (its restarts spent) left its copies on this node
+            # a worker dead for good (its restarts spent) left its copies on this node, and so does
+            # one killed before its shutdown (restarting still): it exits a moment after ray.kill
+            deadline = time.monotonic() + (0.0 if shut else 3.0)
+            while True:
+                _sweep_caches()
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
